@@ -1,0 +1,28 @@
+# Two commands on a fresh machine: `make run` serves the API, `make test` runs the suite.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+PORT ?= 8000
+
+.PHONY: run test bench clean
+
+run: $(VENV)/.installed
+	PORT=$(PORT) $(BIN)/gunicorn wsgi:app
+
+test: $(VENV)/.installed
+	$(BIN)/pytest
+
+bench: $(VENV)/.installed
+	bash bench/setup.sh
+	$(BIN)/python bench/run_all.py
+
+$(VENV)/.installed: requirements.txt requirements-dev.txt
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
+		{ echo "Python 3.11 or newer is required (set PYTHON=...)"; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -r requirements-dev.txt
+	touch $@
+
+clean:
+	rm -rf $(VENV) instance .pytest_cache

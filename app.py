@@ -1,0 +1,155 @@
+"""The application factory and the HTTP API: thin routes that parse, call one domain function, shape."""
+
+import logging
+from datetime import datetime, timezone
+
+from flask import Blueprint, Flask, current_app, g, request
+
+import ssrf
+from auth import authenticate, require_scope
+from config import load_config
+from errors import register_error_handlers
+from keys import IDENTITY_READ, WEBHOOKS_MANAGE
+from models import db, open_database
+from pagination import cursor_key, encode_cursor, read_page_args
+from ratelimit import RateLimits
+from subscriptions import create_subscription, delete_subscription, find_subscription, list_subscriptions
+from validation import Field, read_json_object, validate
+
+log = logging.getLogger(__name__)
+
+api = Blueprint("api", __name__, url_prefix="/api/v1/partner")
+
+
+def create_app(overrides: dict | None = None) -> Flask:
+    """Build the app: configuration, database (schema applied), rate limits, routes, CLI.
+    Starts no thread: the delivery scheduler is started by the server's worker hook."""
+    app = Flask(__name__)
+    load_config(app, overrides)
+    if app.config["ALLOWED_NETWORKS"]:
+        log.warning("webhook targets in %s are exempt from the internal-address block",
+                    ", ".join(map(str, app.config["ALLOWED_NETWORKS"])))
+    app.extensions["database"] = open_database(app.config["DATABASE_URL"])
+    with db.connection_context():
+        app.extensions["cursor_key"] = cursor_key()
+    app.extensions["rate_limits"] = RateLimits(app)
+    app.before_request(_open_connection)
+    app.teardown_request(_close_connection)
+    register_error_handlers(app)
+    app.register_blueprint(api)
+    from cli import keys_cli  # the CLI imports app helpers; imported here to avoid a cycle
+    app.cli.add_command(keys_cli)
+    return app
+
+
+def _open_connection() -> None:
+    db.connect(reuse_if_open=True)
+
+
+def _close_connection(_error=None) -> None:
+    if not db.is_closed():
+        db.close()
+
+
+@api.before_request
+def _authenticate() -> None:
+    authenticate()
+
+
+@api.after_request
+def _rate_limit_headers(response):
+    if "rate_window" in g:
+        response.headers.update(g.rate_window.headers())
+    return response
+
+
+def now_ms() -> int:
+    return int(current_app.config["CLOCK"]() * 1000)
+
+
+def iso(ms: int | None) -> str | None:
+    """RFC 3339 UTC with milliseconds and Z, as every timestamp in the API."""
+    if ms is None:
+        return None
+    moment = datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"
+
+
+# --- identity ---------------------------------------------------------------------------------
+
+@api.get("/me")
+@require_scope(IDENTITY_READ)
+def me():
+    key, window = g.api_key, g.rate_window
+    return {
+        "organization": key.organization.slug,
+        "key_id": key.key_id,
+        "scopes": sorted(key.scope_set),
+        "rate_limit_per_minute": key.organization.rate_limit_per_minute,
+        "rate_limit_remaining": window.remaining,
+        "rate_limit_reset_at": iso(int(window.reset_at * 1000)),
+    }
+
+
+# --- webhook subscriptions ----------------------------------------------------------------------
+
+def _check_target(url: str) -> tuple[str, str] | None:
+    try:
+        ssrf.check_url(url, current_app.config["RESOLVER"], current_app.config["ALLOWED_NETWORKS"])
+    except ssrf.UnsafeUrl as error:
+        # A name that does not resolve now cannot be vetted, so it is as invalid as a malformed URL.
+        return ("invalid_url" if error.code == "unresolvable" else error.code), error.message
+    return None
+
+
+SUBSCRIPTION_FIELDS = (
+    Field("url", required=True, max_length=2048, check=_check_target),
+    Field("description", nullable=True, max_length=255),
+)
+
+
+def subscription_json(subscription, include_secret: bool = False) -> dict:
+    body = {
+        "id": subscription.id,
+        "url": subscription.url,
+        "description": subscription.description,
+        "active": subscription.active,
+        "consecutive_failures": subscription.consecutive_failures,
+        "auto_disabled_at": iso(subscription.auto_disabled_at),
+        "created_at": iso(subscription.created_at),
+    }
+    if include_secret:
+        body["secret"] = subscription.secret
+    return body
+
+
+def page_json(rows, position, scope: str, shape) -> dict:
+    key = current_app.extensions["cursor_key"]
+    return {"data": [shape(row) for row in rows], "next_cursor": encode_cursor(key, scope, position)}
+
+
+@api.post("/webhooks")
+@require_scope(WEBHOOKS_MANAGE)
+def create_webhook():
+    fields = validate(read_json_object(), SUBSCRIPTION_FIELDS)
+    subscription = create_subscription(g.api_key.organization, fields["url"], fields["description"],
+                                       now_ms())
+    location = f"{api.url_prefix}/webhooks/{subscription.id}"
+    return subscription_json(subscription, include_secret=True), 201, {"Location": location}
+
+
+@api.get("/webhooks")
+@require_scope(WEBHOOKS_MANAGE)
+def list_webhooks():
+    org = g.api_key.organization
+    scope = f"subscriptions:{org.id}"
+    limit, position = read_page_args(request.args, current_app.extensions["cursor_key"], scope)
+    rows, next_position = list_subscriptions(org, position, limit)
+    return page_json(rows, next_position, scope, subscription_json)
+
+
+@api.delete("/webhooks/<subscription_id>")
+@require_scope(WEBHOOKS_MANAGE)
+def delete_webhook(subscription_id: str):
+    delete_subscription(find_subscription(g.api_key.organization, subscription_id))
+    return "", 204

@@ -1,0 +1,64 @@
+"""Configuration: CONTRACT §1's `PARTNER_*` variables, their defaults, and a check at start-up."""
+
+import time
+
+from flask import Flask
+
+import ssrf
+
+DEFAULTS = {
+    "DATABASE_URL": "sqlite:///instance/partner.sqlite3",
+    "RATELIMIT_STORAGE_URI": "memory://",
+    "WEBHOOK_ALLOWED_NETWORKS": [],
+    "DELIVERY_RETRY_DELAYS": [60, 300, 1800, 7200, 21600, 86400],
+    "DELIVERY_TIMEOUT": 10,
+    "DELIVERY_POLL_INTERVAL": 2,
+    "DELIVERY_CONCURRENCY": 8,
+    "AUTO_DISABLE_THRESHOLD": 20,
+    "SCHEDULER_ENABLED": True,
+    "AUTH_FAILURE_RATE_LIMIT": 60,
+    "MAX_CONTENT_LENGTH": 64 * 1024,
+    # Seams for tests: the wall clock (Unix seconds) and the DNS resolver. Never read from the environment.
+    "CLOCK": time.time,
+    "RESOLVER": ssrf.system_resolver,
+}
+
+_POSITIVE_NUMBERS = ("DELIVERY_TIMEOUT", "DELIVERY_POLL_INTERVAL")
+_POSITIVE_INTEGERS = ("DELIVERY_CONCURRENCY", "AUTO_DISABLE_THRESHOLD", "AUTH_FAILURE_RATE_LIMIT")
+
+
+def load_config(app: Flask, overrides: dict | None) -> None:
+    """Defaults, then PARTNER_* from the environment, then `overrides`; raise ValueError if unusable."""
+    app.config.update(DEFAULTS)
+    app.config.from_prefixed_env("PARTNER")
+    app.config.update(overrides or {})
+    check_config(app.config)
+    app.config["ALLOWED_NETWORKS"] = ssrf.parse_networks(app.config["WEBHOOK_ALLOWED_NETWORKS"])
+
+
+def check_config(config) -> None:
+    for name in _POSITIVE_NUMBERS:
+        _require(name, _is_number(config[name]) and config[name] > 0, "a positive number")
+    for name in _POSITIVE_INTEGERS:
+        _require(name, _is_integer(config[name]) and config[name] > 0, "a positive integer")
+    delays = config["DELIVERY_RETRY_DELAYS"]
+    _require("DELIVERY_RETRY_DELAYS", isinstance(delays, list)
+             and all(_is_number(d) and d >= 0 for d in delays), "a JSON list of seconds")
+    _require("SCHEDULER_ENABLED", isinstance(config["SCHEDULER_ENABLED"], bool), "true or false")
+    _require("WEBHOOK_ALLOWED_NETWORKS", isinstance(config["WEBHOOK_ALLOWED_NETWORKS"], list),
+             'a JSON list of CIDRs, e.g. ["127.0.0.0/8"]')
+    for name in ("DATABASE_URL", "RATELIMIT_STORAGE_URI"):
+        _require(name, isinstance(config[name], str) and "://" in config[name], "a URL")
+
+
+def _require(name: str, ok: bool, expected: str) -> None:
+    if not ok:
+        raise ValueError(f"PARTNER_{name} must be {expected}")
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _is_integer(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

@@ -1,0 +1,85 @@
+"""One error type that knows its response, and the handlers that render every error as problem+json."""
+
+import logging
+from http import HTTPStatus
+
+from flask import Flask, Response, json
+from werkzeug.exceptions import HTTPException
+
+log = logging.getLogger(__name__)
+
+PROBLEM_JSON = "application/problem+json"
+
+# The contract's `code` for errors raised by Flask/Werkzeug rather than by us.
+HTTP_CODES = {
+    400: "invalid_json",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "payload_too_large",
+    429: "rate_limited",
+}
+
+
+class ApiError(Exception):
+    """An error with its HTTP status, contract `code` and a partner-facing detail."""
+
+    def __init__(self, status: int, code: str, detail: str,
+                 errors: list[dict] | None = None, headers: dict[str, str] | None = None):
+        super().__init__(detail)
+        self.status = status
+        self.code = code
+        self.detail = detail
+        self.errors = errors
+        self.headers = headers or {}
+
+
+class ValidationError(ApiError):
+    """A 422 carrying one entry per rejected field."""
+
+    def __init__(self, errors: list[dict]):
+        super().__init__(422, "validation_error", "The request has invalid fields.", errors=errors)
+
+
+def field_error(field: str, code: str, message: str) -> dict:
+    return {"field": field, "code": code, "message": message}
+
+
+def problem(status: int, code: str, detail: str, errors: list[dict] | None = None,
+            response: Response | None = None) -> Response:
+    """Render an RFC 9457 problem; reuse `response` so headers like Allow survive."""
+    body = {"type": "about:blank", "title": HTTPStatus(status).phrase,
+            "status": status, "detail": detail, "code": code}
+    if errors is not None:
+        body["errors"] = errors
+    response = response or Response()
+    response.status_code = status
+    response.set_data(json.dumps(body))
+    response.content_type = PROBLEM_JSON
+    return response
+
+
+def register_error_handlers(app: Flask) -> None:
+    app.register_error_handler(ApiError, _api_error)
+    app.register_error_handler(HTTPException, _http_error)
+    app.register_error_handler(Exception, _unexpected_error)
+
+
+def _api_error(error: ApiError) -> Response:
+    response = problem(error.status, error.code, error.detail, error.errors)
+    response.headers.update(error.headers)
+    return response
+
+
+def _http_error(error: HTTPException) -> Response:
+    status = error.code or 500
+    code = HTTP_CODES.get(status, "http_error")
+    return problem(status, code, error.description or HTTPStatus(status).phrase,
+                   response=error.get_response())
+
+
+def _unexpected_error(error: Exception) -> Response:
+    # The traceback goes to the server log only; the partner gets a bare 500.
+    log.error("unhandled %s", type(error).__name__, exc_info=error)
+    return problem(500, "internal_error", "An unexpected error occurred.")

@@ -1,0 +1,135 @@
+"""API keys and organizations: the key format, the scope table, and the operator's operations."""
+
+import hashlib
+import hmac
+import re
+import secrets
+from dataclasses import dataclass
+
+from errors import ValidationError, field_error
+from models import ApiKey, Organization, db, new_id, random_token
+
+KEY_PREFIX = "vck_"
+KEY_ID_LENGTH = 20
+SECRET_BYTES = 32
+DEFAULT_RATE_LIMIT = 600
+
+# `vck_<key_id>.<secret>`: key id alphanumeric; secret base64url without padding (never a dot).
+KEY_PATTERN = re.compile(r"vck_([A-Za-z0-9]{16,64})\.([A-Za-z0-9_-]{43,128})")
+SLUG_PATTERN = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
+
+IDENTITY_READ = "identity:read"
+WEBHOOKS_MANAGE = "webhooks:manage"
+GRANTABLE_SCOPES = frozenset({IDENTITY_READ, WEBHOOKS_MANAGE})
+RESERVED_SCOPES = frozenset({
+    "leads:read", "leads:write", "intakes:read", "intakes:write", "records:read", "records:write",
+    "skills:read", "skills:author", "skills:execute", "agents:invoke", "tenants:provision",
+})
+
+# Hashed when no key matches, so an unknown key id costs the same as a wrong secret.
+_DUMMY_HASH = hashlib.sha256(b"no such key").hexdigest()
+
+
+@dataclass(frozen=True)
+class IssuedKey:
+    """A freshly created key: the only moment the full key exists outside the caller."""
+    key: ApiKey
+    full_key: str
+
+
+def hash_secret(secret: str) -> str:
+    # The secret is 256 random bits, so a fast hash is enough: there is nothing to brute-force.
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def parse_key(full_key: str) -> tuple[str, str] | None:
+    """Split `vck_<key_id>.<secret>` into its parts, or None when it is not of that form."""
+    match = KEY_PATTERN.fullmatch(full_key)
+    return (match[1], match[2]) if match else None
+
+
+def find_active_key(full_key: str) -> ApiKey | None:
+    """The active key whose id and secret both match, with its organization loaded."""
+    parts = parse_key(full_key)
+    if parts is None:
+        return None
+    key_id, secret = parts
+    key = (ApiKey.select(ApiKey, Organization).join(Organization)
+           .where(ApiKey.key_id == key_id).first())
+    stored = key.secret_hash if key else _DUMMY_HASH
+    if not hmac.compare_digest(stored, hash_secret(secret)) or key is None or key.revoked_at:
+        return None
+    return key
+
+
+def check_scopes(requested: list[str]) -> list[str]:
+    """The sorted scope set of a new key; reserved or unknown scopes are a validation error."""
+    errors = []
+    for scope in requested:
+        if scope in RESERVED_SCOPES:
+            errors.append(field_error("scopes", "reserved_scope",
+                                      f"Scope {scope!r} is reserved for a future version."))
+        elif scope not in GRANTABLE_SCOPES:
+            errors.append(field_error("scopes", "unknown_scope", f"Scope {scope!r} does not exist."))
+    if errors:
+        raise ValidationError(errors)
+    return sorted({IDENTITY_READ, *requested})
+
+
+def check_slug(slug: str) -> str:
+    if not SLUG_PATTERN.fullmatch(slug):
+        raise ValidationError([field_error(
+            "org", "invalid_slug", "An organization slug is 1-63 of a-z, 0-9 and '-', not starting with '-'.")])
+    return slug
+
+
+def create_key(slug: str, scopes: list[str], now_ms: int, rate_limit: int | None = None) -> IssuedKey:
+    """Issue a key for the organization `slug`, creating the organization on first use."""
+    scope_list = check_scopes(scopes)
+    check_slug(slug)
+    with db.atomic():
+        org = Organization.get_or_none(Organization.slug == slug)
+        if org is None:
+            org = Organization.create(id=new_id("org"), slug=slug, created_at=now_ms,
+                                      rate_limit_per_minute=rate_limit or DEFAULT_RATE_LIMIT)
+        elif rate_limit is not None:
+            org.rate_limit_per_minute = rate_limit
+            org.save()
+        secret = secrets.token_urlsafe(SECRET_BYTES)
+        key = ApiKey.create(key_id=_new_key_id(), organization=org, secret_hash=hash_secret(secret),
+                            scopes=" ".join(scope_list), created_at=now_ms)
+    return IssuedKey(key, f"{KEY_PREFIX}{key.key_id}.{secret}")
+
+
+def revoke_key(key_id: str, now_ms: int) -> ApiKey | None:
+    """Revoke a key at once; None when there is no such key. Revoking twice keeps the first time."""
+    with db.atomic():
+        key = ApiKey.get_or_none(ApiKey.key_id == key_id)
+        if key is not None and key.revoked_at is None:
+            key.revoked_at = now_ms
+            key.save()
+    return key
+
+
+def rotate_key(key_id: str, now_ms: int) -> IssuedKey | None:
+    """Issue a key with the same organization and scopes, then revoke the old one, atomically."""
+    with db.atomic():
+        old = ApiKey.select(ApiKey, Organization).join(Organization).where(
+            ApiKey.key_id == key_id, ApiKey.revoked_at.is_null()).first()
+        if old is None:
+            return None
+        issued = create_key(old.organization.slug, sorted(old.scope_set), now_ms)
+        revoke_key(key_id, now_ms)
+    return issued
+
+
+def list_keys(slug: str | None = None) -> list[ApiKey]:
+    query = ApiKey.select(ApiKey, Organization).join(Organization)
+    if slug:
+        query = query.where(Organization.slug == slug)
+    return list(query.order_by(ApiKey.created_at, ApiKey.key_id))
+
+
+def _new_key_id() -> str:
+    # Key ids are never reused: the primary key refuses a collision, and revoked rows stay forever.
+    return random_token(KEY_ID_LENGTH)

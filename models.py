@@ -1,0 +1,161 @@
+"""The peewee models (mirrors of schema.sql) and the database lifecycle."""
+
+import os
+import secrets
+import string
+from pathlib import Path
+
+from peewee import (SQL, BigIntegerField, BlobField, BooleanField, DatabaseProxy, ForeignKeyField,
+                    IntegerField, Model, ModelIndex, SqliteDatabase, TextField)
+from playhouse.db_url import connect
+
+SCHEMA_PATH = Path(__file__).with_name("schema.sql")
+
+# WAL lets readers run beside the one writer; the busy timeout makes writers queue, not fail.
+SQLITE_PRAGMAS = {"journal_mode": "wal", "busy_timeout": 5000, "foreign_keys": 1,
+                  "synchronous": "normal"}
+
+db = DatabaseProxy()
+
+_ALPHANUMERIC = string.ascii_letters + string.digits
+
+
+def random_token(length: int) -> str:
+    return "".join(secrets.choice(_ALPHANUMERIC) for _ in range(length))
+
+
+def new_id(prefix: str) -> str:
+    """A random public identifier such as `wh_3kF9...` (119 bits of randomness)."""
+    return f"{prefix}_{random_token(20)}"
+
+
+def open_database(url: str):
+    """Bind `db` to the database at `url` (a playhouse.db_url URL) and apply schema.sql."""
+    params = {}
+    if url.startswith("sqlite"):
+        params = {"pragmas": SQLITE_PRAGMAS, "timeout": 5}
+        path = url.split(":///", 1)[-1].split("?", 1)[0]
+        if path and path != ":memory:":
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    database = connect(url, **params)
+    db.initialize(database)
+    apply_schema()
+    return database
+
+
+def apply_schema() -> None:
+    """Run every statement of schema.sql; each is idempotent (IF NOT EXISTS)."""
+    with db.connection_context():
+        with db.atomic():
+            for statement in schema_statements():
+                db.execute_sql(statement)
+
+
+def schema_statements() -> list[str]:
+    lines = [line for line in SCHEMA_PATH.read_text().splitlines() if not line.startswith("--")]
+    return [s.strip() for s in "\n".join(lines).split(";") if s.strip()]
+
+
+def is_sqlite() -> bool:
+    return isinstance(db.obj, SqliteDatabase)
+
+
+def write_transaction():
+    """A transaction for read-then-write work. On SQLite it takes the write lock up front:
+    a deferred transaction that reads and then writes fails instead of waiting when another
+    writer got in between."""
+    return db.atomic("IMMEDIATE") if is_sqlite() else db.atomic()
+
+
+def default(sql: str) -> list:
+    return [SQL(f"DEFAULT {sql}")]
+
+
+class BaseModel(Model):
+    class Meta:
+        database = db
+        legacy_table_names = False
+
+
+class Organization(BaseModel):
+    id = TextField(primary_key=True)
+    slug = TextField(unique=True)
+    rate_limit_per_minute = IntegerField(default=600, constraints=default("600"))
+    created_at = BigIntegerField()
+
+
+class ApiKey(BaseModel):
+    key_id = TextField(primary_key=True)
+    organization = ForeignKeyField(Organization, column_name="organization_id")
+    secret_hash = TextField()
+    scopes = TextField()  # space-separated, sorted
+    created_at = BigIntegerField()
+    revoked_at = BigIntegerField(null=True)
+
+    @property
+    def scope_set(self) -> set[str]:
+        return set(self.scopes.split())
+
+
+class Subscription(BaseModel):
+    id = TextField(primary_key=True)
+    organization = ForeignKeyField(Organization, column_name="organization_id", index=False)
+    url = TextField()
+    description = TextField(null=True)
+    secret = TextField()
+    active = BooleanField(default=True, constraints=default("TRUE"))
+    consecutive_failures = IntegerField(default=0, constraints=default("0"))
+    auto_disabled_at = BigIntegerField(null=True)
+    created_at = BigIntegerField()
+
+    class Meta:
+        indexes = ((("organization", "created_at", "id"), False),)
+
+
+class Event(BaseModel):
+    id = TextField(primary_key=True)
+    subscription = ForeignKeyField(Subscription, column_name="subscription_id", on_delete="CASCADE")
+    kind = TextField()
+    body = BlobField()
+    created_at = BigIntegerField()
+
+
+class Delivery(BaseModel):
+    PENDING, IN_FLIGHT, DELIVERED, DEAD = "pending", "in_flight", "delivered", "dead"
+    OPEN_STATES = (PENDING, IN_FLIGHT)
+
+    event = ForeignKeyField(Event, column_name="event_id", primary_key=True, on_delete="CASCADE")
+    state = TextField()
+    attempts = IntegerField(default=0, constraints=default("0"))
+    due_at = BigIntegerField(null=True)
+    lease_token = TextField(null=True)
+
+
+Delivery.add_index(ModelIndex(Delivery, (Delivery.due_at,), name="delivery_due_at")
+                   .where(SQL("\"state\" IN ('pending', 'in_flight')")))
+
+
+class Failure(BaseModel):
+    id = TextField(primary_key=True)
+    # Denormalized from the event so the audit's keyset index covers the query.
+    subscription = ForeignKeyField(Subscription, column_name="subscription_id", index=False,
+                                   on_delete="CASCADE")
+    event = ForeignKeyField(Event, column_name="event_id", on_delete="CASCADE")
+    attempt = IntegerField()
+    http_status = IntegerField(null=True)
+    error = TextField()
+    response_excerpt = TextField()
+    duration_ms = IntegerField()
+    attempted_at = BigIntegerField()
+    next_attempt_at = BigIntegerField(null=True)
+
+    class Meta:
+        indexes = ((("subscription", "attempted_at", "id"), False),)
+
+
+class Setting(BaseModel):
+    name = TextField(primary_key=True)
+    value = TextField()
+
+
+MODELS = (Organization, ApiKey, Subscription, Event, Delivery, Failure, Setting)

@@ -1,0 +1,81 @@
+"""Rate limits: a moving 60-second window per organization, and per client address for failed logins.
+
+flask-limiter owns the storage (`RATELIMIT_STORAGE_URI`: memory:// or redis://) and the moving-window
+strategy, and counts in real time, so these headers do too. We charge it explicitly after authentication rather than through its request hooks, because
+the budget is keyed by the organization, which is only known once the key has been checked.
+"""
+
+import math
+import time
+from dataclasses import dataclass
+
+from flask import Flask
+from flask_limiter import Limiter
+from limits import RateLimitItemPerMinute
+
+from errors import ApiError
+
+WINDOW_SECONDS = 60
+
+
+@dataclass(frozen=True)
+class Window:
+    """The state of one budget right after a request was charged to it."""
+    limit: int
+    remaining: int
+    reset_at: float  # Unix seconds at which the oldest counted request leaves the window
+    allowed: bool
+
+    def seconds_to_reset(self) -> int:
+        return max(1, math.ceil(self.reset_at - time.time()))
+
+    def headers(self) -> dict[str, str]:
+        """The X-RateLimit-* set and the IETF draft RateLimit / RateLimit-Policy pair."""
+        seconds = self.seconds_to_reset()
+        headers = {
+            "X-RateLimit-Limit": str(self.limit),
+            "X-RateLimit-Remaining": str(self.remaining),
+            "X-RateLimit-Reset": str(math.ceil(self.reset_at)),
+            "RateLimit-Policy": f'"org";q={self.limit};w={WINDOW_SECONDS}',
+            "RateLimit": f'"org";r={self.remaining};t={seconds}',
+        }
+        if not self.allowed:
+            headers["Retry-After"] = str(seconds)
+        return headers
+
+
+class RateLimits:
+    """The two budgets every API request is charged to."""
+
+    def __init__(self, app: Flask):
+        # No default limits and no headers: the limiter's own hooks then do nothing per request.
+        self._limiter = Limiter(key_func=lambda: "", strategy="moving-window",
+                                headers_enabled=False, default_limits=[])
+        self._limiter.init_app(app)
+        self.auth_failures_per_minute = app.config["AUTH_FAILURE_RATE_LIMIT"]
+
+    def charge_organization(self, org_id: str, per_minute: int) -> Window:
+        """Count one request against the organization; raise 429 when its window is full."""
+        window = self._charge("org", org_id, per_minute)
+        if not window.allowed:
+            raise ApiError(429, "rate_limited",
+                           f"Rate limit of {per_minute} requests per minute exceeded.",
+                           headers=window.headers())
+        return window
+
+    def charge_failed_login(self, address: str) -> None:
+        """Count a failed authentication against the client address; 429 past its budget."""
+        window = self._charge("auth-failure", address or "unknown", self.auth_failures_per_minute)
+        if not window.allowed:
+            raise ApiError(429, "rate_limited", "Too many failed authentication attempts.",
+                           headers={"Retry-After": str(window.seconds_to_reset())})
+
+    def reset(self) -> None:
+        self._limiter.reset()
+
+    def _charge(self, scope: str, key: str, per_minute: int) -> Window:
+        item = RateLimitItemPerMinute(per_minute)
+        strategy = self._limiter.limiter
+        allowed = strategy.hit(item, scope, key)
+        reset_at, remaining = strategy.get_window_stats(item, scope, key)
+        return Window(per_minute, remaining, reset_at, allowed)

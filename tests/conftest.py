@@ -1,0 +1,82 @@
+"""Fixtures: the real app on a temporary SQLite file, with the clock and the resolver injected."""
+
+import time
+
+import pytest
+
+from app import create_app
+from keys import create_key
+from models import db
+
+ALLOWED_LOOPBACK = ["127.0.0.0/8"]
+
+
+class FakeClock:
+    """Wall-clock seconds that only move when a test says so."""
+
+    def __init__(self, start: float | None = None):
+        self.now = start if start is not None else time.time()
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class StubResolver:
+    """A DNS resolver answering from a dict; names not in it do not resolve. Records every lookup."""
+
+    def __init__(self, answers: dict[str, list[str]] | None = None):
+        self.answers = dict(answers or {})
+        self.lookups: list[str] = []
+
+    def __call__(self, host: str) -> list[str]:
+        self.lookups.append(host)
+        return list(self.answers.get(host, []))
+
+
+@pytest.fixture
+def clock():
+    return FakeClock()
+
+
+@pytest.fixture
+def resolver():
+    return StubResolver({"hooks.partner.example": ["93.184.215.14"]})
+
+
+@pytest.fixture
+def config(tmp_path, clock, resolver):
+    """Overrides for create_app; tests may change them before asking for `app`."""
+    return {"DATABASE_URL": f"sqlite:///{tmp_path}/partner.sqlite3", "CLOCK": clock,
+            "RESOLVER": resolver, "SCHEDULER_ENABLED": False}
+
+
+@pytest.fixture
+def app(config):
+    return create_app(config)
+
+
+@pytest.fixture
+def client(app):
+    return app.test_client()
+
+
+@pytest.fixture
+def issue_key(app, clock):
+    """Issue a key as the operator would; returns the full key."""
+    def issue(org: str = "acme", scopes=("webhooks:manage",), rate_limit: int | None = None) -> str:
+        with app.app_context(), db.connection_context():
+            return create_key(org, list(scopes), int(clock() * 1000), rate_limit).full_key
+    return issue
+
+
+@pytest.fixture
+def api_key(issue_key):
+    return issue_key()
+
+
+@pytest.fixture
+def auth(api_key):
+    return {"Authorization": f"Bearer {api_key}"}

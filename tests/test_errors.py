@@ -1,0 +1,47 @@
+"""Every error is RFC 9457 problem+json with the contract's code; nothing leaks."""
+
+import pytest
+
+WEBHOOKS = "/api/v1/partner/webhooks"
+
+
+def assert_problem(response, status, code):
+    assert response.status_code == status
+    assert response.content_type == "application/problem+json"
+    body = response.get_json()
+    assert (body["status"], body["code"], body["type"]) == (status, code, "about:blank")
+    assert body["title"] and body["detail"]
+    return body
+
+
+@pytest.mark.parametrize("data", [b"{", b"[]", b"\"x\"", b"null", b"\xff\xfe", b"{\"a\": NaN}", b"[" * 60000])
+def test_body_that_is_not_a_json_object_is_400(client, auth, data):
+    assert_problem(client.post(WEBHOOKS, data=data, headers=auth), 400, "invalid_json")
+
+
+def test_unknown_path_is_404(client):
+    assert_problem(client.get("/api/v1/partner/nope"), 404, "not_found")
+    assert_problem(client.get("/"), 404, "not_found")
+
+
+def test_wrong_method_is_405_and_keeps_allow(client, auth):
+    response = client.put("/api/v1/partner/me", headers=auth)
+    assert_problem(response, 405, "method_not_allowed")
+    assert set(response.headers["Allow"].split(", ")) >= {"GET", "HEAD", "OPTIONS"}
+
+
+def test_body_over_64_kib_is_413(client, auth):
+    body = b'{"url": "' + b"a" * 70000 + b'"}'
+    assert_problem(client.post(WEBHOOKS, data=body, headers=auth), 413, "payload_too_large")
+
+
+def test_unexpected_exception_is_a_bare_500(app, caplog):
+    @app.get("/boom")
+    def boom():
+        raise RuntimeError("internal detail: whsec_do_not_show")
+
+    response = app.test_client().get("/boom")
+    body = assert_problem(response, 500, "internal_error")
+    assert "whsec_do_not_show" not in response.get_data(as_text=True)
+    assert body["detail"] == "An unexpected error occurred."
+    assert "Traceback" not in response.get_data(as_text=True)

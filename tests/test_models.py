@@ -1,0 +1,67 @@
+"""schema.sql is the DDL authority; the peewee models must describe exactly the same database."""
+
+import sqlite3
+
+import pytest
+from peewee import SqliteDatabase
+
+import models
+
+
+def describe(path) -> dict:
+    """Tables, columns, indexes and foreign keys of a SQLite file, as comparable data."""
+    conn = sqlite3.connect(path)
+    shape = {}
+    tables = [r[0] for r in conn.execute(
+        "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")]
+    for table in tables:
+        indexes = {}
+        for _, name, unique, origin, partial in conn.execute(f'PRAGMA index_list("{table}")'):
+            columns = [r[2] for r in conn.execute(f'PRAGMA index_info("{name}")')]
+            where = conn.execute("SELECT sql FROM sqlite_master WHERE name = ?", (name,)).fetchone()
+            clause = where[0].split(" WHERE ", 1)[1] if where and where[0] and partial else None
+            indexes[name] = (unique, origin, columns, clause)
+        shape[table] = {
+            "columns": conn.execute(f'PRAGMA table_info("{table}")').fetchall(),
+            "indexes": indexes,
+            "foreign_keys": sorted(r[2:] for r in conn.execute(f'PRAGMA foreign_key_list("{table}")')),
+        }
+    conn.close()
+    return shape
+
+
+@pytest.fixture
+def from_schema(tmp_path):
+    path = tmp_path / "schema.sqlite3"
+    conn = sqlite3.connect(path)
+    conn.executescript(models.SCHEMA_PATH.read_text())
+    conn.close()
+    return describe(path)
+
+
+@pytest.fixture
+def from_models(tmp_path):
+    path = tmp_path / "models.sqlite3"
+    # Keep the portable type names schema.sql declares; peewee would write INTEGER for both on SQLite.
+    database = SqliteDatabase(path, field_types={"BIGINT": "BIGINT", "BOOL": "BOOLEAN"})
+    with database.bind_ctx(models.MODELS):
+        database.create_tables(models.MODELS)
+    database.close()
+    return describe(path)
+
+
+def test_models_and_schema_have_the_same_tables(from_schema, from_models):
+    assert sorted(from_schema) == sorted(from_models)
+
+
+@pytest.mark.parametrize("part", ["columns", "indexes", "foreign_keys"])
+def test_models_and_schema_agree_table_by_table(from_schema, from_models, part):
+    for table in from_schema:
+        assert from_models[table][part] == from_schema[table][part], table
+
+
+def test_schema_applies_twice_without_error(tmp_path):
+    conn = sqlite3.connect(tmp_path / "twice.sqlite3")
+    conn.executescript(models.SCHEMA_PATH.read_text())
+    conn.executescript(models.SCHEMA_PATH.read_text())
+    conn.close()

@@ -1,0 +1,56 @@
+"""The per-organization budget: exactly N requests in any 60 s, shared by the organization's keys."""
+
+ME = "/api/v1/partner/me"
+
+
+def get_me(client, key):
+    return client.get(ME, headers={"Authorization": f"Bearer {key}"})
+
+
+def test_the_601st_request_of_an_organization_gets_429(client, issue_key):
+    key = issue_key(org="busy")
+    statuses = [get_me(client, key).status_code for _ in range(600)]
+    assert statuses == [200] * 600
+    response = get_me(client, key)
+    assert response.status_code == 429
+    assert response.get_json()["code"] == "rate_limited"
+    assert response.content_type == "application/problem+json"
+    assert 1 <= int(response.headers["Retry-After"]) <= 60
+    assert response.headers["X-RateLimit-Remaining"] == "0"
+
+
+def test_another_organization_is_unaffected(client, issue_key):
+    busy, calm = issue_key(org="busy", rate_limit=3), issue_key(org="calm", rate_limit=3)
+    for _ in range(3):
+        get_me(client, busy)
+    assert get_me(client, busy).status_code == 429
+    assert get_me(client, calm).status_code == 200
+
+
+def test_two_keys_of_one_organization_share_the_budget(client, issue_key):
+    first, second = issue_key(org="shared", rate_limit=4), issue_key(org="shared")
+    assert [get_me(client, k).status_code for k in (first, second, first, second)] == [200] * 4
+    assert get_me(client, second).status_code == 429
+    assert get_me(client, first).status_code == 429
+
+
+def test_retry_after_only_on_429(client, issue_key):
+    key = issue_key(rate_limit=1)
+    assert "Retry-After" not in get_me(client, key).headers
+    assert "Retry-After" in get_me(client, key).headers
+
+
+def test_failed_authentication_never_spends_the_organization_budget(client, issue_key):
+    key = issue_key(org="target", rate_limit=2)
+    wrong = key[:-1] + ("A" if key[-1] != "A" else "B")
+    for _ in range(10):
+        assert get_me(client, wrong).status_code == 401
+    assert get_me(client, key).get_json()["rate_limit_remaining"] == 1
+
+
+def test_failed_authentications_are_limited_per_client_address(app, client):
+    app.extensions["rate_limits"].auth_failures_per_minute = 3
+    statuses = [client.get(ME).status_code for _ in range(4)]
+    assert statuses == [401, 401, 401, 429]
+    other = client.get(ME, environ_base={"REMOTE_ADDR": "127.0.0.9"})
+    assert other.status_code == 401

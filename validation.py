@@ -1,0 +1,66 @@
+"""Request validation as data: declare the fields, reject unknown ones, report every error at once."""
+
+import json
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from flask import request
+
+from errors import ApiError, ValidationError, field_error
+
+# A check returns None when the value is fine, or (code, message).
+Check = Callable[[Any], tuple[str, str] | None]
+
+_TYPE_NAMES = {str: "a string", int: "an integer", bool: "a boolean"}
+
+
+@dataclass(frozen=True)
+class Field:
+    name: str
+    type: type = str
+    required: bool = False
+    nullable: bool = False
+    max_length: int | None = None
+    check: Check | None = None
+
+
+def read_json_object() -> dict:
+    """The request body as a JSON object, or 400 invalid_json."""
+    try:
+        body = json.loads(request.get_data(cache=False), parse_constant=_reject_constant)
+    except (ValueError, RecursionError):
+        body = None
+    if not isinstance(body, dict):
+        raise ApiError(400, "invalid_json", "The request body must be a JSON object.")
+    return body
+
+
+def validate(body: dict, fields: tuple[Field, ...]) -> dict:
+    """Return the declared fields of `body` (absent optional ones as None), or raise one 422."""
+    known = {field.name for field in fields}
+    errors = [field_error(name, "unknown_field", "This field is not accepted.")
+              for name in body if name not in known]
+    for field in fields:
+        error = _field_error(field, body.get(field.name), field.name in body)
+        if error:
+            errors.append(field_error(field.name, *error))
+    if errors:
+        raise ValidationError(errors)
+    return {field.name: body.get(field.name) for field in fields}
+
+
+def _field_error(field: Field, value: Any, present: bool) -> tuple[str, str] | None:
+    if not present or (value is None and not field.required):
+        return ("required", "This field is required.") if field.required else None
+    if value is None and field.nullable:
+        return None
+    if type(value) is not field.type:  # exact: a bool is not an int, a number is not a string
+        return "invalid_type", f"This field must be {_TYPE_NAMES[field.type]}."
+    if field.max_length is not None and len(value) > field.max_length:
+        return "too_long", f"This field is at most {field.max_length} characters."
+    return field.check(value) if field.check else None
+
+
+def _reject_constant(name: str):
+    # json.loads accepts NaN and Infinity, which are not JSON.
+    raise ValueError(f"{name} is not valid JSON")
