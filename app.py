@@ -1,19 +1,22 @@
 """The application factory and the HTTP API: thin routes that parse, call one domain function, shape."""
 
+import hmac
 import logging
-from datetime import datetime, timezone
 
 from flask import Blueprint, Flask, current_app, g, request
 
 import ssrf
 from auth import authenticate, require_scope
 from config import load_config
-from errors import register_error_handlers
+from delivery import Dispatcher
+from errors import ApiError, register_error_handlers
 from keys import IDENTITY_READ, WEBHOOKS_MANAGE
 from models import db, open_database
+from outbox import TEST_PING, enqueue_test_ping, failures_page
 from pagination import cursor_key, encode_cursor, read_page_args
 from ratelimit import RateLimits
 from subscriptions import create_subscription, delete_subscription, find_subscription, list_subscriptions
+from timestamps import iso, to_ms
 from validation import Field, read_json_object, validate
 
 log = logging.getLogger(__name__)
@@ -33,6 +36,7 @@ def create_app(overrides: dict | None = None) -> Flask:
     with db.connection_context():
         app.extensions["cursor_key"] = cursor_key()
     app.extensions["rate_limits"] = RateLimits(app)
+    app.extensions["delivery"] = Dispatcher(app.config)
     app.before_request(_open_connection)
     app.teardown_request(_close_connection)
     register_error_handlers(app)
@@ -64,15 +68,7 @@ def _rate_limit_headers(response):
 
 
 def now_ms() -> int:
-    return int(current_app.config["CLOCK"]() * 1000)
-
-
-def iso(ms: int | None) -> str | None:
-    """RFC 3339 UTC with milliseconds and Z, as every timestamp in the API."""
-    if ms is None:
-        return None
-    moment = datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"
+    return to_ms(current_app.config["CLOCK"]())
 
 
 # --- identity ---------------------------------------------------------------------------------
@@ -87,7 +83,7 @@ def me():
         "scopes": sorted(key.scope_set),
         "rate_limit_per_minute": key.organization.rate_limit_per_minute,
         "rate_limit_remaining": window.remaining,
-        "rate_limit_reset_at": iso(int(window.reset_at * 1000)),
+        "rate_limit_reset_at": iso(to_ms(window.reset_at)),
     }
 
 
@@ -104,7 +100,7 @@ def _check_target(url: str) -> tuple[str, str] | None:
 
 SUBSCRIPTION_FIELDS = (
     Field("url", required=True, max_length=2048, check=_check_target),
-    Field("description", nullable=True, max_length=255),
+    Field("description", max_length=255),
 )
 
 
@@ -153,3 +149,49 @@ def list_webhooks():
 def delete_webhook(subscription_id: str):
     delete_subscription(find_subscription(g.api_key.organization, subscription_id))
     return "", 204
+
+
+# --- deliveries ---------------------------------------------------------------------------------
+
+TEST_FIELDS = (Field("secret", required=True, max_length=256),)
+
+
+@api.post("/webhooks/<subscription_id>/test")
+@require_scope(WEBHOOKS_MANAGE)
+def test_webhook(subscription_id: str):
+    subscription = find_subscription(g.api_key.organization, subscription_id)
+    secret = validate(read_json_object(), TEST_FIELDS)["secret"]
+    if not hmac.compare_digest(secret.encode(), subscription.secret.encode()):
+        raise ApiError(403, "secret_mismatch", "The secret does not match this subscription's.")
+    if not subscription.active:
+        raise ApiError(409, "subscription_disabled",
+                       "The subscription was auto-disabled after repeated failures.")
+    event = enqueue_test_ping(subscription, g.api_key.key_id, now_ms())
+    current_app.extensions["delivery"].wake()
+    return {"id": event.id, "event": TEST_PING, "subscription_id": subscription.id,
+            "status": "queued"}, 202
+
+
+def failure_json(failure) -> dict:
+    return {
+        "id": failure.id,
+        "event_id": failure.event.id,
+        "event": failure.event.kind,
+        "attempt": failure.attempt,
+        "http_status": failure.http_status,
+        "error": failure.error,
+        "response_excerpt": failure.response_excerpt,
+        "duration_ms": failure.duration_ms,
+        "attempted_at": iso(failure.attempted_at),
+        "next_attempt_at": iso(failure.next_attempt_at),
+    }
+
+
+@api.get("/webhooks/<subscription_id>/failures")
+@require_scope(WEBHOOKS_MANAGE)
+def list_failures(subscription_id: str):
+    subscription = find_subscription(g.api_key.organization, subscription_id)
+    scope = f"failures:{subscription.id}"
+    limit, position = read_page_args(request.args, current_app.extensions["cursor_key"], scope)
+    rows, next_position = failures_page(subscription, position, limit)
+    return page_json(rows, next_position, scope, failure_json)

@@ -1,5 +1,6 @@
 """The peewee models (mirrors of schema.sql) and the database lifecycle."""
 
+import logging
 import os
 import secrets
 import string
@@ -29,8 +30,23 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{random_token(20)}"
 
 
+class RedactQueryParameters(logging.Filter):
+    """peewee logs each query with its parameters at DEBUG, and some parameters are secrets
+    (a subscription's signing secret is stored as is: we need it to sign). Keep the SQL, drop the values."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.msg, tuple) and len(record.msg) == 2:
+            sql, params = record.msg
+            record.msg, record.args = "%s -- %d parameter(s) redacted", (sql, len(params or ()))
+        return True
+
+
+_QUERY_LOG_FILTER = RedactQueryParameters()
+
+
 def open_database(url: str):
     """Bind `db` to the database at `url` (a playhouse.db_url URL) and apply schema.sql."""
+    logging.getLogger("peewee").addFilter(_QUERY_LOG_FILTER)  # idempotent: one filter instance
     params = {}
     if url.startswith("sqlite"):
         params = {"pragmas": SQLITE_PRAGMAS, "timeout": 5}

@@ -65,9 +65,10 @@ def encode_cursor(key: bytes, scope: str, position: list | None) -> str | None:
 def decode_cursor(key: bytes, scope: str, cursor: str) -> list | None:
     """The position a cursor stands for, or None if it was not issued by us for this `scope`."""
     payload, _, mac = cursor.partition(".")
+    # Compare the text, not decoded bytes: lenient base64 decoding ignores trailing bits.
+    if not hmac.compare_digest(mac.encode(), _b64(_mac(key, payload)).encode()):
+        return None
     try:
-        if not hmac.compare_digest(_unb64(mac), _mac(key, payload)):
-            return None
         cursor_scope, position = json.loads(_unb64(payload))
     except (ValueError, TypeError, binascii.Error):
         return None

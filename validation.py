@@ -19,7 +19,6 @@ class Field:
     name: str
     type: type = str
     required: bool = False
-    nullable: bool = False
     max_length: int | None = None
     check: Check | None = None
 
@@ -50,10 +49,8 @@ def validate(body: dict, fields: tuple[Field, ...]) -> dict:
 
 
 def _field_error(field: Field, value: Any, present: bool) -> tuple[str, str] | None:
-    if not present or (value is None and not field.required):
+    if not present or value is None:  # null means "not given", for every field
         return ("required", "This field is required.") if field.required else None
-    if value is None and field.nullable:
-        return None
     if type(value) is not field.type:  # exact: a bool is not an int, a number is not a string
         return "invalid_type", f"This field must be {_TYPE_NAMES[field.type]}."
     if field.max_length is not None and len(value) > field.max_length:

@@ -47,10 +47,11 @@ def resolver():
 
 
 @pytest.fixture
-def config(tmp_path, clock, resolver):
-    """Overrides for create_app; tests may change them before asking for `app`."""
+def config(request, tmp_path, clock, resolver):
+    """Overrides for create_app; a test adds its own with @pytest.mark.config(NAME=value)."""
+    marker = request.node.get_closest_marker("config")
     return {"DATABASE_URL": f"sqlite:///{tmp_path}/partner.sqlite3", "CLOCK": clock,
-            "RESOLVER": resolver, "SCHEDULER_ENABLED": False}
+            "RESOLVER": resolver, "SCHEDULER_ENABLED": False, **(marker.kwargs if marker else {})}
 
 
 @pytest.fixture

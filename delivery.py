@@ -1,0 +1,177 @@
+"""The delivery dispatcher: scans for due deliveries and runs attempts on a bounded pool.
+
+One APScheduler job polls every DELIVERY_POLL_INTERVAL seconds; `wake()` runs it at once when an
+event is queued, and every finished attempt refills its slot straight away. Nothing here starts
+on import or in create_app: gunicorn's post_worker_init hook calls `start()`.
+"""
+
+import logging
+import random
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timezone
+
+from apscheduler.schedulers.background import BackgroundScheduler
+
+import signing
+import ssrf
+import transport
+from models import db
+from outbox import Claim, Outcome, claim_due, record_failure, record_success
+from retry import MAX_JITTER, next_attempt_at
+from timestamps import to_ms
+
+log = logging.getLogger(__name__)
+
+SCAN_JOB = "scan-due-deliveries"
+USER_AGENT = "PartnerWebhooks/1.0"
+# A claim outlives the longest attempt by this much before another scanner may take it over.
+LEASE_MARGIN_SECONDS = 30
+
+
+class Dispatcher:
+    """Claims due deliveries into free slots of a thread pool and records each attempt."""
+
+    def __init__(self, config):
+        self.clock = config["CLOCK"]
+        self.resolver = config["RESOLVER"]
+        self.allowed_networks = config["ALLOWED_NETWORKS"]
+        self.timeout = config["DELIVERY_TIMEOUT"]
+        self.delays = config["DELIVERY_RETRY_DELAYS"]
+        self.threshold = config["AUTO_DISABLE_THRESHOLD"]
+        self.concurrency = config["DELIVERY_CONCURRENCY"]
+        self.poll_interval = config["DELIVERY_POLL_INTERVAL"]
+        self.enabled = config["SCHEDULER_ENABLED"]
+        self.lease_ms = to_ms(self.timeout + LEASE_MARGIN_SECONDS)
+        self.random = random.Random()
+        self._free_slots = self.concurrency
+        self._slots_lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
+        self._scheduler: BackgroundScheduler | None = None
+
+    # --- lifecycle -----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the pool and the polling job (no-op when PARTNER_SCHEDULER_ENABLED is false)."""
+        if not self.enabled or self._scheduler:
+            return
+        self._pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="delivery")
+        self._scheduler = BackgroundScheduler(timezone=timezone.utc)
+        # Two instances may overlap so that a wake() during a running scan is never skipped;
+        # overlapping scans are safe because claims are atomic and slots are reserved.
+        self._scheduler.add_job(self.scan, "interval", seconds=self.poll_interval, id=SCAN_JOB,
+                                max_instances=2, coalesce=True, next_run_time=_utcnow())
+        self._scheduler.start()
+        log.info("delivery scanner started: concurrency=%d poll_interval=%ss",
+                 self.concurrency, self.poll_interval)
+
+    def stop(self) -> None:
+        """Stop polling and wait for attempts in flight (each ends within the timeout)."""
+        scheduler, pool = self._scheduler, self._pool
+        self._scheduler = None
+        if scheduler:
+            scheduler.shutdown(wait=True)
+        if pool:
+            pool.shutdown(wait=True)
+            log.info("delivery scanner stopped")
+
+    def wake(self) -> None:
+        """Scan now rather than at the next poll: an event was just queued."""
+        scheduler = self._scheduler
+        if scheduler:
+            scheduler.modify_job(SCAN_JOB, next_run_time=_utcnow())
+
+    # --- scanning ------------------------------------------------------------------------------
+
+    def scan(self) -> int:
+        """Claim due deliveries into the free slots and start them; returns how many started."""
+        reserved = self._reserve_slots()
+        if not reserved:
+            return 0
+        claims: list[Claim] = []
+        try:
+            with db.connection_context():
+                claims = claim_due(self._now_ms(), reserved, self.lease_ms)
+        finally:
+            self._release_slots(reserved - len(claims))
+        for claim in claims:
+            self._pool.submit(self._run_in_slot, claim)
+        return len(claims)
+
+    def run_due(self) -> int:
+        """Claim and attempt every due delivery in this thread, one at a time; for tests and tools."""
+        done = 0
+        while True:
+            with db.connection_context():
+                claims = claim_due(self._now_ms(), 1, self.lease_ms)
+            if not claims:
+                return done
+            self.attempt(claims[0])
+            done += 1
+
+    def _run_in_slot(self, claim: Claim) -> None:
+        try:
+            self.attempt(claim)
+        except Exception:
+            # The claim's lease expires and the attempt is made again; never lose the slot.
+            log.exception("delivery attempt crashed: event=%s", claim.event_id)
+        finally:
+            self._release_slots(1)
+        self.scan()
+
+    def _reserve_slots(self) -> int:
+        with self._slots_lock:
+            reserved, self._free_slots = self._free_slots, 0
+        return reserved
+
+    def _release_slots(self, count: int) -> None:
+        with self._slots_lock:
+            self._free_slots += count
+
+    # --- one attempt ---------------------------------------------------------------------------
+
+    def attempt(self, claim: Claim) -> Outcome:
+        """Make one attempt of a claimed delivery and record its outcome."""
+        attempted_at = self._now_ms()
+        result = self._send(claim)
+        outcome = Outcome(result.ok, result.http_status, result.error, result.response_excerpt,
+                          result.duration_ms, attempted_at, self._now_ms())
+        with db.connection_context():
+            if outcome.ok:
+                recorded = record_success(claim)
+                next_at = None
+            else:
+                jitter = self.random.uniform(0, MAX_JITTER)
+                next_at = next_attempt_at(claim.attempt, outcome.finished_at, self.delays, jitter)
+                recorded, next_at = record_failure(claim, outcome, next_at, self.threshold)
+        log.info("delivery event=%s subscription=%s attempt=%d outcome=%s http_status=%s "
+                 "duration_ms=%d next_attempt_in_ms=%s%s",
+                 claim.event_id, claim.subscription_id, claim.attempt,
+                 "delivered" if outcome.ok else outcome.error, outcome.http_status,
+                 outcome.duration_ms, next_at - outcome.finished_at if next_at else None,
+                 "" if recorded else " (lease lost: not recorded)")
+        return outcome
+
+    def _send(self, claim: Claim) -> transport.AttemptResult:
+        """Vet the target again (DNS may have changed) and POST the signed body to a vetted address."""
+        try:
+            target = ssrf.check_url(claim.url, self.resolver, self.allowed_networks)
+        except ssrf.UnsafeUrl as error:
+            kind = "internal_url" if error.code == "internal_url" else "connection_error"
+            return transport.AttemptResult(False, None, kind, "", 0)
+        headers = {
+            "Content-Type": "application/json",
+            "User-Agent": USER_AGENT,
+            **signing.signature_headers(claim.secret, claim.body, self._now_ms()),
+            "X-VC-Event": claim.kind,
+            "X-VC-Event-Id": claim.event_id,
+            "X-VC-Attempt": str(claim.attempt),
+        }
+        return transport.post(target, claim.body, headers, self.timeout)
+
+    def _now_ms(self) -> int:
+        return to_ms(self.clock())
+
+
+def _utcnow() -> datetime:
+    return datetime.now(timezone.utc)

@@ -1,0 +1,160 @@
+"""The durable delivery queue: enqueue events, claim due deliveries, record each attempt's outcome.
+
+Every function takes the current time as an argument. Claims are one atomic UPDATE ... RETURNING
+with a lease; HTTP happens outside any transaction; finishing is a second short write that only
+counts if the lease is still ours.
+"""
+
+import json
+import uuid
+from dataclasses import dataclass
+
+from peewee import fn
+
+from models import Delivery, Event, Failure, Subscription, db, is_sqlite, new_id, random_token, \
+    write_transaction
+from pagination import keyset_page
+from retry import reaches_auto_disable
+from timestamps import iso
+
+TEST_PING = "vc.test.ping"
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One claimed delivery: everything an attempt needs, read once at claim time."""
+    event_id: str
+    kind: str
+    body: bytes
+    attempt: int
+    lease_token: str
+    subscription_id: str
+    url: str
+    secret: str
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What happened to one attempt, as the audit records it."""
+    ok: bool
+    http_status: int | None
+    error: str | None
+    response_excerpt: str
+    duration_ms: int
+    attempted_at: int
+    finished_at: int
+
+
+def enqueue_test_ping(subscription: Subscription, key_id: str, now_ms: int) -> Event:
+    """Create a vc.test.ping for the subscription, due at once. Runs in the caller's transaction
+    if there is one, so an accepted request survives a crash."""
+    data = {"message": "This is a test ping from the Partner Integration Service.",
+            "triggered_by_key_id": key_id}
+    return enqueue(subscription, TEST_PING, data, now_ms)
+
+
+def enqueue(subscription: Subscription, kind: str, data: dict, now_ms: int) -> Event:
+    """Serialize the envelope once (every attempt sends these bytes) and queue its delivery."""
+    event_id = f"evt_{uuid.uuid4()}"
+    envelope = {"event": kind, "id": event_id, "subscription_id": subscription.id,
+                "occurred_at": iso(now_ms), "data": data}
+    body = json.dumps(envelope, separators=(",", ":"), ensure_ascii=False).encode()
+    with db.atomic():
+        event = Event.create(id=event_id, subscription=subscription, kind=kind, body=body,
+                             created_at=now_ms)
+        Delivery.create(event=event, state=Delivery.PENDING, due_at=now_ms)
+    return event
+
+
+def claim_due(now_ms: int, limit: int, lease_ms: int) -> list[Claim]:
+    """Claim up to `limit` due deliveries (pending and due, or in flight with an expired lease)
+    for `lease_ms`. Atomic: a due delivery is claimed by exactly one caller, in any process."""
+    if limit <= 0:
+        return []
+    token = random_token(22)
+    due = (Delivery.select(Delivery.event)
+           .where(Delivery.state.in_(Delivery.OPEN_STATES) & (Delivery.due_at <= now_ms))
+           .order_by(Delivery.due_at).limit(limit))
+    if not is_sqlite():
+        due = due.for_update("FOR UPDATE SKIP LOCKED")
+    claimed = (Delivery.update(state=Delivery.IN_FLIGHT, due_at=now_ms + lease_ms, lease_token=token)
+               .where(Delivery.event.in_(due))
+               .returning(Delivery.event, Delivery.attempts).execute())
+    attempts = {row.event_id: row.attempts for row in claimed}
+    if not attempts:
+        return []
+    rows = (Event.select(Event.id, Event.kind, Event.body, Subscription.id, Subscription.url,
+                         Subscription.secret)
+            .join(Subscription).where(Event.id.in_(list(attempts))))
+    # The attempt number is written only when it finishes: an attempt cut short by a crash is
+    # made again under the same number.
+    return [Claim(event.id, event.kind, bytes(event.body), attempts[event.id] + 1, token,
+                  event.subscription.id, event.subscription.url, event.subscription.secret)
+            for event in rows]
+
+
+def record_success(claim: Claim) -> bool:
+    """Mark the delivery delivered and reset the subscription's failure streak."""
+    with write_transaction():
+        if not _finish(claim, Delivery.DELIVERED, None):
+            return False
+        Subscription.update(consecutive_failures=0).where(
+            Subscription.id == claim.subscription_id).execute()
+    return True
+
+
+def record_failure(claim: Claim, outcome: Outcome, next_at: int | None,
+                   threshold: int) -> tuple[bool, int | None]:
+    """Audit a failed attempt, count it against the subscription, auto-disable it at `threshold`,
+    and schedule the next attempt at `next_at` (None: dead-letter). Returns whether it was
+    recorded (not when the lease was lost: reclaimed or deleted) and the time actually scheduled."""
+    with write_transaction():
+        if not _holds_lease(claim):
+            return False, None
+        Subscription.update(consecutive_failures=Subscription.consecutive_failures + 1).where(
+            Subscription.id == claim.subscription_id).execute()
+        subscription = Subscription.get_by_id(claim.subscription_id)
+        if subscription.active and reaches_auto_disable(subscription.consecutive_failures, threshold):
+            _auto_disable(subscription, outcome.finished_at)
+        if not subscription.active:
+            next_at = None
+        _finish(claim, Delivery.PENDING if next_at else Delivery.DEAD, next_at)
+        Failure.create(id=new_id("fail"), subscription=claim.subscription_id, event=claim.event_id,
+                       attempt=claim.attempt, http_status=outcome.http_status, error=outcome.error,
+                       response_excerpt=outcome.response_excerpt, duration_ms=outcome.duration_ms,
+                       attempted_at=outcome.attempted_at, next_attempt_at=next_at)
+    return True, next_at
+
+
+def failures_page(subscription: Subscription, position: list | None, limit: int):
+    """A page of the subscription's failure records, newest first, and the next position."""
+    query = (Failure.select(Failure, Event.id, Event.kind).join(Event)
+             .where(Failure.subscription == subscription))
+    return keyset_page(query, (Failure.attempted_at, Failure.id), position, limit, newest_first=True)
+
+
+def open_deliveries() -> int:
+    return Delivery.select(fn.COUNT(Delivery.event)).where(
+        Delivery.state.in_(Delivery.OPEN_STATES)).scalar()
+
+
+def _holds_lease(claim: Claim) -> bool:
+    return Delivery.select().where((Delivery.event == claim.event_id)
+                                   & (Delivery.lease_token == claim.lease_token)).exists()
+
+
+def _finish(claim: Claim, state: str, due_at: int | None) -> bool:
+    """Write the attempt's result if the lease is still ours."""
+    return bool(Delivery.update(state=state, attempts=claim.attempt, due_at=due_at, lease_token=None)
+                .where((Delivery.event == claim.event_id) & (Delivery.lease_token == claim.lease_token))
+                .execute())
+
+
+def _auto_disable(subscription: Subscription, now_ms: int) -> None:
+    """Disable the subscription and dead-letter everything still waiting for it. Call inside a transaction."""
+    subscription.active = False
+    subscription.auto_disabled_at = now_ms
+    subscription.save()
+    waiting = Event.select(Event.id).where(Event.subscription == subscription)
+    (Delivery.update(state=Delivery.DEAD, due_at=None)
+     .where((Delivery.state == Delivery.PENDING) & Delivery.event.in_(waiting)).execute())

@@ -1,0 +1,87 @@
+"""Real HTTP receivers on loopback for delivery tests: they record what arrives and answer as told."""
+
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+@dataclass
+class Received:
+    path: str
+    headers: dict
+    body: bytes
+    arrived_at: float
+
+
+@dataclass
+class Receiver:
+    """Answers each POST with the next entry of `script` (the last one repeats): a status code,
+    or a callable taking the handler, for misbehaving servers."""
+    host: str = "127.0.0.1"
+    script: list = field(default_factory=lambda: [200])
+    received: list = field(default_factory=list)
+
+    def start(self) -> "Receiver":
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                receiver.received.append(Received(self.path, dict(self.headers), body, time.monotonic()))
+                step = receiver.script[min(len(receiver.received), len(receiver.script)) - 1]
+                if callable(step):
+                    return step(self)
+                self.send_response(step)
+                if 300 <= step < 400:
+                    self.send_header("Location", receiver.redirect_to)
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"ok")
+
+            def log_message(self, *args):
+                pass
+
+        self.redirect_to = "/"
+        self.server = ThreadingHTTPServer((self.host, 0), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, args=(0.02,), daemon=True).start()
+        return self
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.server.server_port}/hook"
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def wait_for(self, count: int, seconds: float = 5.0) -> bool:
+        deadline = time.monotonic() + seconds
+        while len(self.received) < count and time.monotonic() < deadline:
+            time.sleep(0.005)
+        return len(self.received) >= count
+
+
+def hang(seconds: float):
+    """A step that accepts the request and answers nothing for `seconds`."""
+    def step(handler):
+        time.sleep(seconds)
+    return step
+
+
+def drip(seconds: float, interval: float = 0.1):
+    """A step that sends 200 headers, then one body byte every `interval` for `seconds`."""
+    def step(handler):
+        handler.send_response(200)
+        handler.send_header("Content-Length", str(int(seconds / interval) + 1))
+        handler.end_headers()
+        deadline = time.monotonic() + seconds
+        try:
+            while time.monotonic() < deadline:
+                handler.wfile.write(b"x")
+                handler.wfile.flush()
+                time.sleep(interval)
+        except OSError:
+            pass
+    return step

@@ -1,0 +1,321 @@
+"""End-to-end delivery: real receivers on 127.0.0.1, the clock stepped, the queue stepped with run_due()."""
+
+import json
+import time
+
+import pytest
+
+import signing
+from outbox import claim_due
+from models import db
+from tests.receivers import Receiver, drip, hang
+
+WEBHOOKS = "/api/v1/partner/webhooks"
+DAY = 86400
+
+
+@pytest.fixture
+def config(config):
+    config.setdefault("WEBHOOK_ALLOWED_NETWORKS", ["127.0.0.0/8"])
+    return config
+
+
+@pytest.fixture
+def receiver():
+    receiver = Receiver().start()
+    yield receiver
+    receiver.stop()
+
+
+@pytest.fixture
+def dispatcher(app):
+    return app.extensions["delivery"]
+
+
+@pytest.fixture
+def subscribe(client, auth):
+    def subscribe(url: str) -> dict:
+        response = client.post(WEBHOOKS, json={"url": url}, headers=auth)
+        assert response.status_code == 201, response.get_json()
+        return response.get_json()
+    return subscribe
+
+
+@pytest.fixture
+def ping(client, auth):
+    def ping(subscription: dict):
+        return client.post(f"{WEBHOOKS}/{subscription['id']}/test",
+                           json={"secret": subscription["secret"]}, headers=auth)
+    return ping
+
+
+@pytest.fixture
+def failures(client, auth):
+    def failures(subscription: dict, **query) -> dict:
+        response = client.get(f"{WEBHOOKS}/{subscription['id']}/failures", query_string=query, headers=auth)
+        assert response.status_code == 200, response.get_json()
+        return response.get_json()
+    return failures
+
+
+@pytest.fixture
+def listed(client, auth):
+    def listed(subscription: dict) -> dict:
+        rows = client.get(WEBHOOKS, headers=auth).get_json()["data"]
+        return next(row for row in rows if row["id"] == subscription["id"])
+    return listed
+
+
+def run_for(dispatcher, clock, seconds: float, step: float = 3600) -> None:
+    """Let `seconds` of service time pass, running whatever falls due along the way."""
+    for _ in range(int(seconds // step) + 1):
+        dispatcher.run_due()
+        clock.advance(step)
+    dispatcher.run_due()
+
+
+def test_ping_arrives_signed_and_verifiable(dispatcher, receiver, subscribe, ping, clock, api_key):
+    subscription = subscribe(receiver.url)
+    accepted = ping(subscription).get_json()
+    assert dispatcher.run_due() == 1
+    [request] = receiver.received
+    signing.verify(request.headers, request.body, subscription["secret"], now_ms=int(clock() * 1000))
+    envelope = json.loads(request.body)
+    assert envelope == {
+        "event": "vc.test.ping", "id": accepted["id"], "subscription_id": subscription["id"],
+        "occurred_at": envelope["occurred_at"],
+        "data": {"message": envelope["data"]["message"], "triggered_by_key_id": api_key[4:].split(".")[0]},
+    }
+    assert request.path == "/hook"
+    assert request.headers["Content-Type"] == "application/json"
+    assert request.headers["User-Agent"] == "PartnerWebhooks/1.0"
+    assert (request.headers["X-VC-Event"], request.headers["X-VC-Event-Id"],
+            request.headers["X-VC-Attempt"]) == ("vc.test.ping", accepted["id"], "1")
+
+
+def test_the_body_is_compact_json(dispatcher, receiver, subscribe, ping):
+    ping(subscribe(receiver.url))
+    dispatcher.run_due()
+    body = receiver.received[0].body
+    assert body == json.dumps(json.loads(body), separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def test_seven_attempts_with_the_same_id_and_bytes_then_nothing(dispatcher, receiver, subscribe, ping,
+                                                                  clock, failures):
+    receiver.script = [500]
+    subscription = subscribe(receiver.url)
+    ping(subscription)
+    run_for(dispatcher, clock, 3 * DAY)
+    assert len(receiver.received) == 7
+    assert len({r.body for r in receiver.received}) == 1
+    assert len({r.headers["X-VC-Event-Id"] for r in receiver.received}) == 1
+    assert [r.headers["X-VC-Attempt"] for r in receiver.received] == [str(n) for n in range(1, 8)]
+    records = failures(subscription, limit=100)["data"]
+    assert [f["attempt"] for f in records] == [7, 6, 5, 4, 3, 2, 1]
+    assert all(f["http_status"] == 500 and f["error"] == "http_status" for f in records)
+    assert records[0]["next_attempt_at"] is None
+    assert all(f["next_attempt_at"] for f in records[1:])
+
+
+@pytest.mark.parametrize("attempt, delay", [(1, 60), (2, 300), (3, 1800), (4, 7200), (5, 21600), (6, 86400)])
+def test_retries_follow_the_schedule(dispatcher, receiver, subscribe, ping, clock, attempt, delay):
+    receiver.script = [500]
+    ping(subscribe(receiver.url))
+    for _ in range(attempt - 1):
+        dispatcher.run_due()
+        clock.advance(DAY * 1.2)
+    dispatcher.run_due()
+    assert len(receiver.received) == attempt
+    clock.advance(delay - 0.01)
+    assert dispatcher.run_due() == 0
+    clock.advance(delay * 0.1 + 0.02)  # the largest jitter is 10 %
+    assert dispatcher.run_due() == 1
+
+
+def test_failure_record_fields(dispatcher, receiver, subscribe, ping, clock, failures):
+    receiver.script = [503]
+    subscription = subscribe(receiver.url)
+    event_id = ping(subscription).get_json()["id"]
+    dispatcher.run_due()
+    [record] = failures(subscription)["data"]
+    assert set(record) == {"id", "event_id", "event", "attempt", "http_status", "error",
+                           "response_excerpt", "duration_ms", "attempted_at", "next_attempt_at"}
+    assert (record["event_id"], record["event"], record["attempt"], record["http_status"],
+            record["error"], record["response_excerpt"]) == (event_id, "vc.test.ping", 1, 503, "http_status", "ok")
+    assert record["duration_ms"] >= 0
+
+
+def test_success_after_failures_resets_the_counter(dispatcher, receiver, subscribe, ping, clock, listed):
+    receiver.script = [500, 502, 204]
+    subscription = subscribe(receiver.url)
+    ping(subscription)
+    dispatcher.run_due()
+    clock.advance(70)
+    dispatcher.run_due()
+    assert listed(subscription)["consecutive_failures"] == 2
+    clock.advance(400)
+    dispatcher.run_due()
+    assert len(receiver.received) == 3
+    assert listed(subscription)["consecutive_failures"] == 0
+
+
+@pytest.mark.config(DELIVERY_TIMEOUT=1)
+@pytest.mark.parametrize("step", [hang(3), drip(3)], ids=["silent", "slow-drip"])
+def test_timeout_and_slow_drip_end_at_the_deadline(dispatcher, receiver, subscribe, ping, failures, step):
+    subscription = subscribe(receiver.url)
+    receiver.script = [step]
+    ping(subscription)
+    started = time.monotonic()
+    dispatcher.run_due()
+    assert time.monotonic() - started < 1.5
+    [record] = failures(subscription)["data"]
+    assert record["error"] == "timeout"
+    assert 900 <= record["duration_ms"] < 1500
+
+
+def test_redirect_is_recorded_and_not_followed(dispatcher, subscribe, ping, failures):
+    source, elsewhere = Receiver(script=[302]).start(), Receiver().start()
+    try:
+        source.redirect_to = elsewhere.url
+        subscription = subscribe(source.url)
+        ping(subscription)
+        dispatcher.run_due()
+        [record] = failures(subscription)["data"]
+        assert (record["error"], record["http_status"]) == ("redirect", 302)
+        assert elsewhere.received == []
+    finally:
+        source.stop()
+        elsewhere.stop()
+
+
+def test_twenty_consecutive_failures_auto_disable(dispatcher, receiver, subscribe, ping, clock,
+                                                  listed, failures):
+    receiver.script = [500]
+    subscription = subscribe(receiver.url)
+    for _ in range(3):  # 3 events x 7 attempts = 21 > 20
+        assert ping(subscription).status_code == 202
+    run_for(dispatcher, clock, 3 * DAY)
+    assert len(receiver.received) == 20
+    state = listed(subscription)
+    assert (state["active"], state["consecutive_failures"]) == (False, 20)
+    assert state["auto_disabled_at"] is not None
+    assert len(failures(subscription, limit=100)["data"]) == 20
+    response = ping(subscription)
+    assert response.status_code == 409
+    assert response.get_json()["code"] == "subscription_disabled"
+
+
+def test_delete_stops_retries(dispatcher, receiver, subscribe, ping, clock, client, auth):
+    receiver.script = [500]
+    subscription = subscribe(receiver.url)
+    ping(subscription)
+    dispatcher.run_due()
+    assert client.delete(f"{WEBHOOKS}/{subscription['id']}", headers=auth).status_code == 204
+    run_for(dispatcher, clock, 3 * DAY)
+    assert len(receiver.received) == 1
+
+
+@pytest.mark.parametrize("limit", [1, 2, 3, 5, 20, 100])
+def test_failure_pages_return_every_failure_exactly_once(dispatcher, receiver, subscribe, ping, clock,
+                                                         failures, limit):
+    receiver.script = [500]
+    subscription = subscribe(receiver.url)
+    ping(subscription)
+    ping(subscription)  # two events fail in the same instant: ties on attempted_at
+    run_for(dispatcher, clock, 3 * DAY)
+    every = failures(subscription, limit=100)["data"]
+    assert len(every) == 14
+    seen, cursor = [], None
+    while True:
+        page = failures(subscription, limit=limit, **({"cursor": cursor} if cursor else {}))
+        assert len(page["data"]) <= limit
+        seen += [f["id"] for f in page["data"]]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert seen == [f["id"] for f in every]
+    assert [f["attempted_at"] for f in every] == sorted((f["attempted_at"] for f in every), reverse=True)
+
+
+@pytest.mark.config(WEBHOOK_ALLOWED_NETWORKS=["127.0.0.1/32"])
+def test_dns_rebinding_to_an_internal_address_fails_without_connecting(resolver, dispatcher, subscribe,
+                                                                       ping, failures):
+    internal = Receiver(host="127.0.0.2").start()
+    try:
+        resolver.answers["rebind.partner.example"] = ["93.184.215.14"]
+        subscription = subscribe(f"http://rebind.partner.example:{internal.server.server_port}/hook")
+        resolver.answers["rebind.partner.example"] = ["127.0.0.2"]
+        ping(subscription)
+        dispatcher.run_due()
+        [record] = failures(subscription)["data"]
+        assert (record["error"], record["http_status"]) == ("internal_url", None)
+        assert internal.received == []
+    finally:
+        internal.stop()
+
+
+def test_a_name_that_stops_resolving_is_a_connection_error(resolver, receiver, subscribe, ping, dispatcher, failures):
+    resolver.answers["gone.partner.example"] = ["127.0.0.1"]
+    subscription = subscribe(f"http://gone.partner.example:{receiver.server.server_port}/hook")
+    del resolver.answers["gone.partner.example"]
+    ping(subscription)
+    dispatcher.run_due()
+    assert failures(subscription)["data"][0]["error"] == "connection_error"
+
+
+def test_an_interrupted_attempt_is_retried_after_its_lease(app, dispatcher, receiver, subscribe, ping, clock):
+    event_id = ping(subscribe(receiver.url)).get_json()["id"]
+    with app.app_context(), db.connection_context():
+        [claim] = claim_due(int(clock() * 1000), 10, dispatcher.lease_ms)  # then the process "dies"
+    assert dispatcher.run_due() == 0
+    clock.advance(dispatcher.lease_ms / 1000 + 1)
+    assert dispatcher.run_due() == 1
+    assert [(r.headers["X-VC-Event-Id"], r.headers["X-VC-Attempt"]) for r in receiver.received] == \
+        [(event_id, "1")]
+
+
+def test_a_late_finish_after_the_lease_was_taken_over_is_not_recorded(app, dispatcher, receiver, subscribe,
+                                                                       ping, clock, failures):
+    receiver.script = [500]
+    subscription = subscribe(receiver.url)
+    ping(subscription)
+    with app.app_context(), db.connection_context():
+        [stale] = claim_due(int(clock() * 1000), 10, dispatcher.lease_ms)
+    clock.advance(dispatcher.lease_ms / 1000 + 1)
+    dispatcher.run_due()  # the takeover attempt
+    dispatcher.attempt(stale)  # the original claimant wakes up late
+    assert [f["attempt"] for f in failures(subscription)["data"]] == [1]
+
+
+@pytest.mark.config(DELIVERY_POLL_INTERVAL=60, SCHEDULER_ENABLED=True)
+def test_the_scanner_delivers_a_ping_at_once_not_at_the_next_poll(dispatcher, receiver, subscribe, ping):
+    subscription = subscribe(receiver.url)
+    dispatcher.start()
+    try:
+        time.sleep(0.2)  # let the first scan (at start) pass
+        started = time.monotonic()
+        assert ping(subscription).status_code == 202
+        assert receiver.wait_for(1, seconds=5)
+        assert receiver.received[0].arrived_at - started < 1.0
+    finally:
+        dispatcher.stop()
+
+
+@pytest.mark.config(SCHEDULER_ENABLED=True, DELIVERY_TIMEOUT=3, DELIVERY_CONCURRENCY=4)
+def test_one_slow_target_does_not_delay_the_others(dispatcher, subscribe, ping):
+    slow, fast = Receiver(script=[hang(3)]).start(), Receiver().start()
+    try:
+        slow_subscription = subscribe(slow.url)
+        fast_subscriptions = [subscribe(fast.url) for _ in range(6)]
+        dispatcher.start()
+        started = time.monotonic()
+        ping(slow_subscription)
+        assert slow.wait_for(1)
+        for subscription in fast_subscriptions:
+            ping(subscription)
+        assert fast.wait_for(6, seconds=2.5)
+        assert max(r.arrived_at for r in fast.received) - started < 2.0
+    finally:
+        dispatcher.stop()
+        slow.stop()
+        fast.stop()

@@ -1,0 +1,495 @@
+"""Tests for transport.py: real servers on loopback, well-behaved and not."""
+
+from __future__ import annotations
+
+import gc
+import http.server
+import os
+import socket
+import ssl
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import pytest
+import trustme
+
+from transport import EXCERPT_BYTES, AttemptResult, post
+
+HOOK_HOST = "hooks.example.test"  # .test never resolves: a request that arrives used no DNS
+HEADERS = {
+    "Content-Type": "application/json",
+    "User-Agent": "PartnerWebhooks/1.0",
+    "X-VC-Event": "vc.test.ping",
+}
+BODY = b'{"event":"vc.test.ping"}'
+TIMEOUT = 1.0
+MARGIN = 0.5
+
+
+@dataclass(frozen=True)
+class Target:
+    """Same fields as ssrf.Target."""
+
+    url: str
+    scheme: str
+    host: str
+    port: int
+    request_target: str
+    addresses: tuple[str, ...]
+
+
+def target(
+    port: int, host: str = "127.0.0.1", addresses: tuple[str, ...] = ("127.0.0.1",), scheme: str = "http"
+) -> Target:
+    shown = f"[{host}]" if ":" in host else host
+    return Target(f"{scheme}://{shown}:{port}/hooks?a=1", scheme, host, port, "/hooks?a=1", addresses)
+
+
+def timed_post(tgt: Target, timeout: float = TIMEOUT, **kwargs) -> tuple:
+    started = time.monotonic()
+    result = post(tgt, BODY, HEADERS, timeout, **kwargs)
+    return result, time.monotonic() - started
+
+
+# --- a well-behaved receiver: http.server ---------------------------------------------
+
+
+@dataclass
+class Received:
+    path: str
+    headers: list[tuple[str, str]]
+    body: bytes
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.server.received.append(Received(self.path, list(self.headers.items()), body))
+        status, headers, payload = self.server.reply
+        self.send_response(status)
+        for name, value in headers.items():
+            self.send_header(name, value)
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+class Receiver(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, host: str = "127.0.0.1", tls: ssl.SSLContext | None = None):
+        self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        super().__init__((host, 0), _Handler)
+        if tls is not None:  # the handshake happens in the handler thread, on first read
+            self.socket = tls.wrap_socket(self.socket, server_side=True, do_handshake_on_connect=False)
+        self.port = self.server_address[1]
+        self.received: list[Received] = []
+        self.reply: tuple[int, dict[str, str], bytes] = (200, {}, b"thanks")
+
+    def handle_error(self, request, client_address) -> None:
+        pass  # failed TLS handshakes are the point of some tests
+
+
+@pytest.fixture
+def serve() -> Iterator[Callable[..., Receiver]]:
+    servers: list[Receiver] = []
+
+    def start(host: str = "127.0.0.1", tls: ssl.SSLContext | None = None) -> Receiver:
+        server = Receiver(host, tls)
+        threading.Thread(target=server.serve_forever, args=(0.01,), daemon=True).start()
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture
+def receiver(serve) -> Receiver:
+    return serve()
+
+
+# --- misbehaving servers: raw sockets --------------------------------------------------
+
+
+@dataclass
+class RawServer:
+    """Accepts on loopback and hands each connection to `behave(conn, server)` in a thread."""
+
+    behave: Callable[[socket.socket, RawServer], None]
+    listener: socket.socket = field(default_factory=lambda: socket.create_server(("127.0.0.1", 0)))
+    stopped: threading.Event = field(default_factory=threading.Event)
+    accepted: int = 0
+    notes: list = field(default_factory=list)
+
+    @property
+    def port(self) -> int:
+        return self.listener.getsockname()[1]
+
+    def serve(self) -> None:
+        self.listener.settimeout(0.02)
+        while not self.stopped.is_set():
+            try:
+                conn, _ = self.listener.accept()
+            except TimeoutError:
+                continue
+            self.accepted += 1
+            threading.Thread(target=self.handle, args=(conn,), daemon=True).start()
+
+    def handle(self, conn: socket.socket) -> None:
+        with conn:
+            try:
+                self.behave(conn, self)
+            except OSError as error:  # the client hung up: what several tests wait for
+                self.notes.append(error)
+
+
+@pytest.fixture
+def serve_raw() -> Iterator[Callable[..., RawServer]]:
+    servers: list[RawServer] = []
+
+    def start(behave, tls: ssl.SSLContext | None = None) -> RawServer:
+        server = RawServer(behave)
+        if tls is not None:  # handshake on the handler's first recv
+            server.listener = tls.wrap_socket(
+                server.listener, server_side=True, do_handshake_on_connect=False
+            )
+        thread = threading.Thread(target=server.serve, daemon=True)
+        thread.start()
+        servers.append((server, thread))
+        return server
+
+    yield start
+    for server, thread in servers:
+        server.stopped.set()
+        thread.join(timeout=2)
+        server.listener.close()
+
+
+def drip(conn: socket.socket, server: RawServer, data: bytes, every: float = 0.2) -> None:
+    for byte in data:
+        if server.stopped.wait(every):
+            return
+        conn.sendall(bytes([byte]))
+
+
+def refused_port() -> int:
+    with socket.create_server(("127.0.0.1", 0)) as probe:
+        return probe.getsockname()[1]
+
+
+# --- outcomes by status ----------------------------------------------------------------
+
+
+def test_2xx_is_ok_with_the_body_as_excerpt(receiver):
+    result = post(target(receiver.port), BODY, HEADERS, TIMEOUT)
+
+    assert result == AttemptResult(True, 200, None, "thanks", result.duration_ms)
+    assert receiver.received[0].body == BODY
+
+
+def test_204_is_ok(receiver):
+    receiver.reply = (204, {}, b"")
+
+    result = post(target(receiver.port), BODY, HEADERS, TIMEOUT)
+
+    assert result == AttemptResult(True, 204, None, "", result.duration_ms)
+
+
+def test_500_is_an_http_status_failure(receiver):
+    receiver.reply = (500, {}, b"boom")
+
+    result = post(target(receiver.port), BODY, HEADERS, TIMEOUT)
+
+    assert result == AttemptResult(False, 500, "http_status", "boom", result.duration_ms)
+
+
+def test_redirect_is_reported_and_never_followed(serve):
+    elsewhere = serve()
+    redirecting = serve()
+    redirecting.reply = (302, {"Location": f"http://127.0.0.1:{elsewhere.port}/"}, b"moved")
+
+    result = post(target(redirecting.port), BODY, HEADERS, TIMEOUT)
+
+    assert (result.ok, result.http_status, result.error) == (False, 302, "redirect")
+    assert elsewhere.received == []
+
+
+def test_excerpt_is_the_first_1024_bytes_with_invalid_utf8_replaced(receiver):
+    receiver.reply = (400, {}, b"\xff" + b"a" * 5000)
+
+    result = post(target(receiver.port), BODY, HEADERS, TIMEOUT)
+
+    assert result.response_excerpt == "\ufffd" + "a" * (EXCERPT_BYTES - 1)
+
+
+def test_duration_comes_from_the_injected_clock(receiver):
+    readings = iter([100.0, 100.25])
+
+    result = post(target(receiver.port), BODY, HEADERS, TIMEOUT, clock=lambda: next(readings))
+
+    assert result.duration_ms == 250
+
+
+@pytest.mark.parametrize(("status", "error"), [(200, None), (302, "redirect")])
+def test_a_huge_body_is_read_only_up_to_the_cap(serve_raw, status, error):
+    size = 200 * 1024 * 1024  # more than any loopback socket buffers can hold
+
+    def huge(conn, server):
+        conn.sendall(f"HTTP/1.1 {status} X\r\nLocation: /x\r\nContent-Length: {size}\r\n\r\n".encode())
+        chunk, sent = b"x" * 65536, 0
+        while sent < size and not server.stopped.is_set():
+            conn.sendall(chunk)
+            sent += len(chunk)
+        server.notes.append("sent everything")
+
+    server = serve_raw(huge)
+    result, elapsed = timed_post(target(server.port), timeout=5)
+
+    assert (result.http_status, result.error, result.response_excerpt) == (status, error, "x" * EXCERPT_BYTES)
+    assert elapsed < 1
+    deadline = time.monotonic() + 2
+    while not server.notes and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert server.notes and isinstance(server.notes[0], OSError)  # the client hung up mid-body
+
+
+# --- failures without a response -------------------------------------------------------
+
+
+def test_refused_connection_is_a_connection_error():
+    result = post(target(refused_port()), BODY, HEADERS, TIMEOUT)
+
+    assert result == AttemptResult(False, None, "connection_error", "", result.duration_ms)
+
+
+def test_a_silent_server_times_out_at_the_deadline(serve_raw):
+    server = serve_raw(lambda conn, server: server.stopped.wait())
+
+    result, elapsed = timed_post(target(server.port))
+
+    assert (result.http_status, result.error) == (None, "timeout")
+    assert TIMEOUT <= elapsed < TIMEOUT + MARGIN
+
+
+def test_a_dripped_status_line_times_out_at_the_deadline(serve_raw):
+    status_and_endless_headers = b"HTTP/1.1 200 OK\r\n" + b"X-Slow: y\r\n" * 100
+    server = serve_raw(lambda conn, server: drip(conn, server, status_and_endless_headers))
+
+    result, elapsed = timed_post(target(server.port))
+
+    assert (result.http_status, result.error) == (None, "timeout")
+    assert TIMEOUT <= elapsed < TIMEOUT + MARGIN
+
+
+def test_a_dripped_body_times_out_at_the_deadline_keeping_the_status(serve_raw):
+    def headers_then_drip(conn, server):
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n")
+        drip(conn, server, b"z" * 1000)
+
+    server = serve_raw(headers_then_drip)
+    result, elapsed = timed_post(target(server.port))
+
+    assert (result.ok, result.http_status, result.error) == (False, 200, "timeout")
+    assert result.response_excerpt.startswith("zzz")
+    assert TIMEOUT <= elapsed < TIMEOUT + MARGIN
+
+
+def test_a_server_too_busy_to_accept_times_out_at_the_deadline():
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(0)
+        port = listener.getsockname()[1]
+        queued = []  # fill the accept queue until the kernel drops new SYNs
+        for _ in range(4):
+            probe = socket.socket()
+            probe.settimeout(0.2)
+            queued.append(probe)
+            try:
+                probe.connect(("127.0.0.1", port))
+            except TimeoutError:
+                break
+        else:
+            pytest.skip("this kernel never stalls connect on a full backlog")
+
+        result, elapsed = timed_post(target(port))
+
+        for probe in queued:
+            probe.close()
+    assert (result.http_status, result.error) == (None, "timeout")
+    assert TIMEOUT <= elapsed < TIMEOUT + MARGIN
+
+
+# --- pinning, headers, proxies ---------------------------------------------------------
+
+
+def test_connects_to_the_vetted_address_and_sends_the_host_name(receiver):
+    result = post(target(receiver.port, host=HOOK_HOST), BODY, HEADERS, TIMEOUT)
+
+    assert result.ok
+    assert receiver.received[0].path == "/hooks?a=1"
+    assert dict(receiver.received[0].headers)["Host"] == f"{HOOK_HOST}:{receiver.port}"
+
+
+def test_sends_exactly_the_given_headers_plus_framing(receiver):
+    post(target(receiver.port, host=HOOK_HOST), BODY, HEADERS, TIMEOUT)
+
+    framing = {
+        "Host": f"{HOOK_HOST}:{receiver.port}",
+        "Content-Length": str(len(BODY)),
+        "Accept-Encoding": "identity",
+    }
+    assert sorted(receiver.received[0].headers) == sorted({**HEADERS, **framing}.items())
+
+
+def test_falls_back_to_the_next_address_when_one_refuses(receiver):
+    first_refuses = target(receiver.port, host=HOOK_HOST, addresses=("127.0.0.2", "127.0.0.1"))
+
+    result = post(first_refuses, BODY, HEADERS, TIMEOUT)
+
+    assert result.ok
+    assert len(receiver.received) == 1
+
+
+def test_ipv6_addresses_work(serve):
+    try:
+        receiver = serve(host="::1")
+    except OSError:
+        pytest.skip("no IPv6 loopback here")
+
+    result = post(target(receiver.port, host="::1", addresses=("::1",)), BODY, HEADERS, TIMEOUT)
+
+    assert result.ok
+    assert dict(receiver.received[0].headers)["Host"] == f"[::1]:{receiver.port}"
+
+
+def test_an_address_that_is_not_an_ip_is_refused_before_any_lookup(receiver):
+    with pytest.raises(ValueError):
+        post(target(receiver.port, addresses=(HOOK_HOST,)), BODY, HEADERS, TIMEOUT)
+
+
+def test_proxy_variables_are_ignored(receiver, monkeypatch):
+    with socket.create_server(("127.0.0.1", 0)) as proxy:
+        proxy_url = f"http://127.0.0.1:{proxy.getsockname()[1]}"
+        for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
+            monkeypatch.setenv(name, proxy_url)
+        monkeypatch.delenv("NO_PROXY", raising=False)
+        monkeypatch.delenv("no_proxy", raising=False)
+
+        result = post(target(receiver.port, host=HOOK_HOST), BODY, HEADERS, TIMEOUT)
+
+        proxy.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            proxy.accept()
+    assert result.ok
+    assert len(receiver.received) == 1
+
+
+# --- TLS -------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def ca() -> trustme.CA:
+    return trustme.CA()
+
+
+@pytest.fixture(scope="module")
+def ca_bundle(ca, tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("tls") / "ca.pem"
+    ca.cert_pem.write_to_path(str(path))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def server_tls(ca) -> ssl.SSLContext:
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert(HOOK_HOST).configure_cert(context)
+    return context
+
+
+@pytest.fixture
+def tls_receiver(serve, server_tls) -> Receiver:
+    return serve(tls=server_tls)
+
+
+def test_tls_verifies_the_certificate_against_the_host_name(tls_receiver, ca_bundle):
+    tgt = target(tls_receiver.port, host=HOOK_HOST, scheme="https")
+
+    result = post(tgt, BODY, HEADERS, TIMEOUT, verify=ca_bundle)
+
+    assert (result.ok, result.http_status) == (True, 200)
+    assert dict(tls_receiver.received[0].headers)["Host"] == f"{HOOK_HOST}:{tls_receiver.port}"
+
+
+def test_tls_host_name_mismatch_is_a_tls_error(tls_receiver, ca_bundle):
+    tgt = target(tls_receiver.port, host="other.example.test", scheme="https")
+
+    result = post(tgt, BODY, HEADERS, TIMEOUT, verify=ca_bundle)
+
+    assert (result.ok, result.http_status, result.error) == (False, None, "tls_error")
+    assert tls_receiver.received == []
+
+
+def test_a_dripped_body_over_tls_times_out_at_the_deadline(serve_raw, server_tls, ca_bundle):
+    def headers_then_drip(conn, server):
+        conn.recv(65536)
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n")
+        drip(conn, server, b"z" * 1000)
+
+    server = serve_raw(headers_then_drip, tls=server_tls)
+    result, elapsed = timed_post(target(server.port, host=HOOK_HOST, scheme="https"), verify=ca_bundle)
+
+    assert (result.http_status, result.error) == (200, "timeout")
+    assert TIMEOUT <= elapsed < TIMEOUT + MARGIN
+
+
+def test_tls_untrusted_certificate_is_a_tls_error(tls_receiver):
+    result = post(target(tls_receiver.port, host=HOOK_HOST, scheme="https"), BODY, HEADERS, TIMEOUT)
+
+    assert (result.ok, result.http_status, result.error) == (False, None, "tls_error")
+
+
+# --- resources -------------------------------------------------------------------------
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc")
+def test_fifty_attempts_leak_no_sockets(serve, tls_receiver, ca_bundle, serve_raw):
+    plain = serve()
+    redirecting = serve()
+    redirecting.reply = (301, {"Location": "/elsewhere"}, b"moved")
+    silent = serve_raw(lambda conn, server: server.stopped.wait())
+    attempts = [
+        (target(plain.port), 1.0),
+        (target(redirecting.port), 1.0),
+        (target(tls_receiver.port, host=HOOK_HOST, scheme="https"), 1.0),
+        (target(refused_port()), 1.0),
+        (target(tls_receiver.port, host=HOOK_HOST, scheme="https"), 1.0),  # ok with the CA below
+    ]
+    post(target(plain.port), BODY, HEADERS, TIMEOUT)  # warm up lazy imports and caches
+    gc.collect()
+    before = open_fds()
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResourceWarning)
+        for index in range(50):
+            tgt, timeout = attempts[index % len(attempts)]
+            post(tgt, BODY, HEADERS, timeout, verify=ca_bundle if index % 5 == 4 else True)
+        post(target(silent.port), BODY, HEADERS, 0.1)
+        gc.collect()
+
+    assert [w for w in caught if issubclass(w.category, ResourceWarning)] == []
+    assert open_fds() - before < 5
