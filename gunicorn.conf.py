@@ -13,18 +13,24 @@ control_socket_disable = True
 accesslog = "-"
 access_log_format = '%(h)s "%(m)s %(U)s %(H)s" %(s)s %(b)s %(M)sms'
 
-# The service's own loggers (one line per delivery attempt) go to stderr beside gunicorn's.
+# Access lines go to stdout; the service's own loggers (one line per delivery attempt) to stderr
+# beside gunicorn's.
 # Never DEBUG for libraries: requests/urllib3 would log full target URLs.
 logconfig_dict = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s [%(process)d] [%(levelname)s] %(name)s: %(message)s"}},
-    "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "plain",
-                            "stream": "ext://sys.stderr"}},
+    "formatters": {
+        "plain": {"format": "%(asctime)s [%(process)d] [%(levelname)s] %(name)s: %(message)s"},
+        "access": {"format": "%(asctime)s %(message)s"},
+    },
+    "handlers": {
+        "stderr": {"class": "logging.StreamHandler", "formatter": "plain", "stream": "ext://sys.stderr"},
+        "stdout": {"class": "logging.StreamHandler", "formatter": "access", "stream": "ext://sys.stdout"},
+    },
     "root": {"level": os.environ.get("PARTNER_LOG_LEVEL", "INFO"), "handlers": ["stderr"]},
     "loggers": {
         "gunicorn.error": {"level": "INFO", "handlers": ["stderr"], "propagate": False},
-        "gunicorn.access": {"level": "INFO", "handlers": ["stderr"], "propagate": False},
+        "gunicorn.access": {"level": "INFO", "handlers": ["stdout"], "propagate": False},
         "apscheduler": {"level": "WARNING"},
         "urllib3": {"level": "WARNING"},
     },
