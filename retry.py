@@ -19,8 +19,10 @@ def next_attempt_at(attempt: int, finished_at_ms: int, delays: Sequence[float],
     the end of that attempt; None when it was the last one and the delivery is dead-lettered."""
     if attempt >= max_attempts(delays):
         return None
-    jitter = min(max(jitter, 0.0), MAX_JITTER)
-    return finished_at_ms + math.ceil(delays[attempt - 1] * 1000 * (1 + jitter))
+    # Whole milliseconds: float products like 1_800_000 * 1.1 round past the 10 % cap.
+    delay_ms = math.ceil(delays[attempt - 1] * 1000)
+    extra_ms = min(int(delay_ms * max(jitter, 0.0)), delay_ms // 10)
+    return finished_at_ms + delay_ms + extra_ms
 
 
 def reaches_auto_disable(consecutive_failures: int, threshold: int) -> bool:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import pytest
 import trustme
 
+from ssrf import Target
 from transport import EXCERPT_BYTES, AttemptResult, post
 
 HOOK_HOST = "hooks.example.test"  # .test never resolves: a request that arrives used no DNS
@@ -27,18 +28,6 @@ HEADERS = {
 BODY = b'{"event":"vc.test.ping"}'
 TIMEOUT = 1.0
 MARGIN = 0.5
-
-
-@dataclass(frozen=True)
-class Target:
-    """Same fields as ssrf.Target."""
-
-    url: str
-    scheme: str
-    host: str
-    port: int
-    request_target: str
-    addresses: tuple[str, ...]
 
 
 def target(
