@@ -27,7 +27,9 @@ def read_json_object() -> dict:
     """The request body as a JSON object, or 400 invalid_json."""
     try:
         body = json.loads(request.get_data(cache=False), parse_constant=_reject_constant)
-    except (ValueError, RecursionError):
+        # I-JSON (RFC 7493): a lone surrogate ("\ud800") parses, but no database or hash takes it.
+        json.dumps(body, ensure_ascii=False).encode()
+    except (ValueError, RecursionError):  # UnicodeError is a ValueError
         body = None
     if not isinstance(body, dict):
         raise ApiError(400, "invalid_json", "The request body must be a JSON object.")

@@ -45,3 +45,10 @@ def test_unexpected_exception_is_a_bare_500(app, caplog):
     assert "whsec_do_not_show" not in response.get_data(as_text=True)
     assert body["detail"] == "An unexpected error occurred."
     assert "Traceback" not in response.get_data(as_text=True)
+
+
+@pytest.mark.parametrize("data", [b'{"url": "http://93.184.215.14/", "description": "\\ud800"}',
+                                  b'{"url": "http://93.184.215.14/", "\\udfff": 1}'])
+def test_a_lone_surrogate_is_invalid_json(client, auth, data):
+    assert_problem(client.post(WEBHOOKS, data=data, headers=auth), 400, "invalid_json")
+    assert client.get(WEBHOOKS, headers=auth).get_json()["data"] == []
