@@ -7,6 +7,7 @@ from flask import Blueprint, Flask, current_app, g, request
 
 import ssrf
 from auth import authenticate, require_scope
+from cli import keys_cli
 from config import load_config
 from delivery import Dispatcher
 from errors import ApiError, register_error_handlers
@@ -16,7 +17,7 @@ from outbox import TEST_PING, enqueue_test_ping, failures_page
 from pagination import cursor_key, encode_cursor, read_page_args
 from ratelimit import RateLimits
 from subscriptions import create_subscription, delete_subscription, find_subscription, list_subscriptions
-from timestamps import iso, to_ms
+from timestamps import iso, now_ms, to_ms
 from validation import Field, read_json_object, validate
 
 log = logging.getLogger(__name__)
@@ -41,7 +42,6 @@ def create_app(overrides: dict | None = None) -> Flask:
     app.teardown_request(_close_connection)
     register_error_handlers(app)
     app.register_blueprint(api)
-    from cli import keys_cli  # the CLI imports app helpers; imported here to avoid a cycle
     app.cli.add_command(keys_cli)
     return app
 
@@ -65,10 +65,6 @@ def _rate_limit_headers(response):
     if "rate_window" in g:
         response.headers.update(g.rate_window.headers())
     return response
-
-
-def now_ms() -> int:
-    return to_ms(current_app.config["CLOCK"]())
 
 
 # --- identity ---------------------------------------------------------------------------------

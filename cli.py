@@ -3,11 +3,10 @@
 import click
 from flask.cli import AppGroup
 
-from app import now_ms
 from errors import ValidationError
 from keys import IssuedKey, create_key, list_keys, revoke_key, rotate_key
 from models import db
-from timestamps import iso
+from timestamps import iso, now_ms
 
 keys_cli = AppGroup("keys", help="Issue, list, revoke and rotate partner API keys.")
 
