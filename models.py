@@ -7,7 +7,7 @@ import string
 from pathlib import Path
 
 from peewee import (SQL, BigIntegerField, BlobField, BooleanField, DatabaseProxy, ForeignKeyField,
-                    IntegerField, Model, ModelIndex, SqliteDatabase, TextField)
+                    IntegerField, Model, ModelIndex, PostgresqlDatabase, SqliteDatabase, TextField)
 from playhouse.db_url import connect
 
 SCHEMA_PATH = Path(__file__).with_name("schema.sql")
@@ -15,6 +15,8 @@ SCHEMA_PATH = Path(__file__).with_name("schema.sql")
 # WAL lets readers run beside the one writer; the busy timeout makes writers queue, not fail.
 SQLITE_PRAGMAS = {"journal_mode": "wal", "busy_timeout": 5000, "foreign_keys": 1,
                   "synchronous": "normal"}
+# Any constant: the PostgreSQL advisory lock that serializes schema.sql between starting processes.
+SCHEMA_LOCK_ID = 0x7061727472
 
 db = DatabaseProxy()
 
@@ -63,6 +65,10 @@ def apply_schema() -> None:
     """Run every statement of schema.sql; each is idempotent (IF NOT EXISTS)."""
     with db.connection_context():
         with db.atomic():
+            if isinstance(db.obj, PostgresqlDatabase):
+                # IF NOT EXISTS is not atomic on PostgreSQL: workers starting together on a new
+                # database would collide in the catalog. SQLite's write lock already serializes them.
+                db.execute_sql("SELECT pg_advisory_xact_lock(%s)", (SCHEMA_LOCK_ID,))
             for statement in schema_statements():
                 db.execute_sql(statement)
 
@@ -81,6 +87,13 @@ def write_transaction():
     a deferred transaction that reads and then writes fails instead of waiting when another
     writer got in between."""
     return db.atomic("IMMEDIATE") if is_sqlite() else db.atomic()
+
+
+class BytesField(BlobField):
+    """Bytes in, bytes out on every database (psycopg2 reads BYTEA as a memoryview)."""
+
+    def python_value(self, value):
+        return None if value is None else bytes(value)
 
 
 def default(sql: str) -> list:
@@ -132,7 +145,7 @@ class Event(BaseModel):
     id = TextField(primary_key=True)
     subscription = ForeignKeyField(Subscription, column_name="subscription_id", on_delete="CASCADE")
     kind = TextField()
-    body = BlobField()
+    body = BytesField()
     created_at = BigIntegerField()
 
 

@@ -139,8 +139,13 @@ def open_deliveries() -> int:
 
 
 def _holds_lease(claim: Claim) -> bool:
-    return Delivery.select().where((Delivery.event == claim.event_id)
-                                   & (Delivery.lease_token == claim.lease_token)).exists()
+    """Whether the claim's lease is still ours; keeps it ours until the caller's transaction ends
+    (SQLite's write transaction already excludes other claimers; PostgreSQL needs the row lock)."""
+    query = Delivery.select(Delivery.event).where((Delivery.event == claim.event_id)
+                                                  & (Delivery.lease_token == claim.lease_token))
+    if not is_sqlite():
+        query = query.for_update()
+    return query.exists()
 
 
 def _finish(claim: Claim, state: str, due_at: int | None) -> bool:
@@ -151,10 +156,12 @@ def _finish(claim: Claim, state: str, due_at: int | None) -> bool:
 
 
 def _auto_disable(subscription: Subscription, now_ms: int) -> None:
-    """Disable the subscription and dead-letter everything still waiting for it. Call inside a transaction."""
+    """Disable the subscription and dead-letter every open delivery to it. Call inside a transaction.
+    In-flight ones keep their lease token, so an attempt still running records its outcome, while
+    one whose process died is never claimed again."""
     subscription.active = False
     subscription.auto_disabled_at = now_ms
     subscription.save()
-    waiting = Event.select(Event.id).where(Event.subscription == subscription)
+    events = Event.select(Event.id).where(Event.subscription == subscription)
     (Delivery.update(state=Delivery.DEAD, due_at=None)
-     .where((Delivery.state == Delivery.PENDING) & Delivery.event.in_(waiting)).execute())
+     .where(Delivery.state.in_(Delivery.OPEN_STATES) & Delivery.event.in_(events)).execute())

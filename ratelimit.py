@@ -5,6 +5,7 @@ strategy, and counts in real time, so these headers do too. We charge it explici
 the budget is keyed by the organization, which is only known once the key has been checked.
 """
 
+import logging
 import math
 import time
 from dataclasses import dataclass
@@ -14,6 +15,8 @@ from flask_limiter import Limiter
 from limits import RateLimitItemPerMinute
 
 from errors import ApiError
+
+log = logging.getLogger(__name__)
 
 WINDOW_SECONDS = 60
 
@@ -76,6 +79,11 @@ class RateLimits:
     def _charge(self, scope: str, key: str, per_minute: int) -> Window:
         item = RateLimitItemPerMinute(per_minute)
         strategy = self._limiter.limiter
-        allowed = strategy.hit(item, scope, key)
-        reset_at, remaining = strategy.get_window_stats(item, scope, key)
+        try:
+            allowed = strategy.hit(item, scope, key)
+            reset_at, remaining = strategy.get_window_stats(item, scope, key)
+        except Exception as error:  # noqa: BLE001 - any storage failure
+            # Fail open: an unreachable storage (Redis down) must not turn every request into a 500.
+            log.error("rate-limit storage unavailable (%s): serving without a limit", type(error).__name__)
+            return Window(per_minute, per_minute, time.time() + WINDOW_SECONDS, True)
         return Window(per_minute, remaining, reset_at, allowed)

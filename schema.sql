@@ -38,11 +38,12 @@ CREATE INDEX IF NOT EXISTS "subscription_organization_id_created_at_id"
     ON "subscription" ("organization_id", "created_at", "id");
 
 -- One envelope for one subscription, serialized once: every attempt sends these bytes.
+-- BYTEA is PostgreSQL's binary type; SQLite accepts the name and stores the bytes as a BLOB.
 CREATE TABLE IF NOT EXISTS "event" (
     "id" TEXT NOT NULL PRIMARY KEY,
     "subscription_id" TEXT NOT NULL,
     "kind" TEXT NOT NULL,
-    "body" BLOB NOT NULL,
+    "body" BYTEA NOT NULL,
     "created_at" BIGINT NOT NULL,
     FOREIGN KEY ("subscription_id") REFERENCES "subscription" ("id") ON DELETE CASCADE
 );

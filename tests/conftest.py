@@ -10,6 +10,9 @@ from models import db
 
 ALLOWED_LOOPBACK = ["127.0.0.0/8"]
 
+# Throwaway Redis and PostgreSQL servers (fixtures redis_server, redis_url, postgres_server, postgres_url).
+pytest_plugins = ["tests.servers"]
+
 
 class FakeClock:
     """Wall-clock seconds that only move when a test says so."""
@@ -47,10 +50,16 @@ def resolver():
 
 
 @pytest.fixture
-def config(request, tmp_path, clock, resolver):
+def database_url(tmp_path):
+    """The database of the test's app; the PostgreSQL test modules override this."""
+    return f"sqlite:///{tmp_path}/partner.sqlite3"
+
+
+@pytest.fixture
+def config(request, database_url, clock, resolver):
     """Overrides for create_app; a test adds its own with @pytest.mark.config(NAME=value)."""
     marker = request.node.get_closest_marker("config")
-    return {"DATABASE_URL": f"sqlite:///{tmp_path}/partner.sqlite3", "CLOCK": clock,
+    return {"DATABASE_URL": database_url, "CLOCK": clock,
             "RESOLVER": resolver, "SCHEDULER_ENABLED": False, **(marker.kwargs if marker else {})}
 
 

@@ -43,7 +43,7 @@ def from_schema(tmp_path):
 def from_models(tmp_path):
     path = tmp_path / "models.sqlite3"
     # Keep the portable type names schema.sql declares; peewee would write INTEGER for both on SQLite.
-    database = SqliteDatabase(path, field_types={"BIGINT": "BIGINT", "BOOL": "BOOLEAN"})
+    database = SqliteDatabase(path, field_types={"BIGINT": "BIGINT", "BOOL": "BOOLEAN", "BLOB": "BYTEA"})
     with database.bind_ctx(models.MODELS):
         database.create_tables(models.MODELS)
     database.close()

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Installs the server binaries the scale-out tests run: redis-server and PostgreSQL (Debian/Ubuntu).
+# Idempotent and quiet: does nothing when both are present. Starts no service: the tests start
+# throwaway servers of their own on loopback (tests/servers.py) and skip when these are missing.
+set -euo pipefail
+
+have_redis() { command -v redis-server >/dev/null 2>&1; }
+have_postgres() { compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null && compgen -G '/usr/lib/postgresql/*/bin/pg_ctl' >/dev/null; }
+
+packages=()
+have_redis || packages+=(redis-server)
+have_postgres || packages+=(postgresql)
+[ ${#packages[@]} -eq 0 ] && exit 0
+
+if ! command -v apt-get >/dev/null 2>&1; then
+    echo "test-services: apt-get not found; install ${packages[*]} by hand (the tests that need them skip)" >&2
+    exit 1
+fi
+sudo=()
+if [ "$(id -u)" -ne 0 ]; then
+    command -v sudo >/dev/null 2>&1 || { echo "test-services: need root (or sudo) to install ${packages[*]}" >&2; exit 1; }
+    sudo=(sudo -n)
+fi
+
+# Keep the packages' maintainer scripts from starting long-lived system services.
+policy=/usr/sbin/policy-rc.d
+if [ ! -e "$policy" ]; then
+    printf '#!/bin/sh\nexit 101\n' | "${sudo[@]}" tee "$policy" >/dev/null
+    "${sudo[@]}" chmod 755 "$policy"
+    trap '"${sudo[@]}" rm -f "$policy"' EXIT
+fi
+
+export DEBIAN_FRONTEND=noninteractive
+apt_get=("${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get -q -y -o Dpkg::Use-Pty=0)
+log=$(mktemp)
+if ! { "${apt_get[@]}" update && "${apt_get[@]}" install --no-install-recommends "${packages[@]}"; } >"$log" 2>&1; then
+    cat "$log" >&2
+    rm -f "$log"
+    echo "test-services: installing ${packages[*]} failed" >&2
+    exit 1
+fi
+rm -f "$log"
+have_redis && have_postgres || { echo "test-services: ${packages[*]} installed but binaries not found" >&2; exit 1; }
+echo "test-services: installed ${packages[*]}"

@@ -1,0 +1,114 @@
+"""CONTRACT §5: several processes may scan the same database, and a due delivery is claimed by
+exactly one of them. Real OS processes and threads with their own connections, on SQLite and on
+PostgreSQL, race to claim the same due deliveries."""
+
+import multiprocessing
+import threading
+
+import pytest
+
+from models import Delivery, Event, Organization, Subscription, db, open_database
+from outbox import claim_due, record_success
+
+NOW = 1_800_000_000_000
+LEASE = 40_000
+DUE = 500
+BATCH = 7  # small batches: many rounds in which the claimers overlap
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database_url(request, tmp_path):
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path}/partner.sqlite3"
+    return request.getfixturevalue("postgres_url")
+
+
+@pytest.fixture
+def due(database_url) -> set[str]:
+    """DUE deliveries, all due now; returns their event ids."""
+    database = open_database(database_url)
+    with db.connection_context():
+        org = Organization.create(id="org_1", slug="acme", created_at=NOW)
+        subscription = Subscription.create(id="wh_1", organization=org, url="https://x.example/",
+                                           secret="whsec_x", created_at=NOW)
+        ids = [f"evt_{n:04d}" for n in range(DUE)]
+        with db.atomic():
+            Event.insert_many([{"id": i, "subscription": subscription, "kind": "vc.test.ping",
+                                "body": b"{}", "created_at": NOW} for i in ids]).execute()
+            Delivery.insert_many([{"event": i, "state": Delivery.PENDING, "due_at": NOW}
+                                  for i in ids]).execute()
+    yield set(ids)
+    database.close()
+
+
+def claim_until_empty(now_ms: int = NOW) -> list[str]:
+    """Claim in batches on this thread's own connection until nothing is due."""
+    claimed = []
+    while True:
+        with db.connection_context():
+            batch = claim_due(now_ms, BATCH, LEASE)
+        if not batch:
+            return claimed
+        claimed += [claim.event_id for claim in batch]
+
+
+def scan_in_a_process(database_url: str, start, results) -> None:
+    """A separate scanner process: its own app, its own connection, the same database."""
+    from app import create_app
+    try:
+        create_app({"DATABASE_URL": database_url, "SCHEDULER_ENABLED": False})
+        start.wait(timeout=60)
+        results.put(claim_until_empty())
+    except BaseException as error:
+        results.put(repr(error))  # for the test's report, rather than a silent timeout
+        raise
+
+
+def assert_claimed_exactly_once(per_claimer: list[list[str]], due: set[str]) -> None:
+    every = [event_id for claimed in per_claimer for event_id in claimed]
+    assert len(every) == len(set(every)), "a delivery was claimed twice"
+    assert set(every) == due, "a due delivery was never claimed"
+
+
+def test_two_processes_claim_every_due_delivery_exactly_once(database_url, due):
+    context = multiprocessing.get_context("spawn")  # a fresh interpreter: nothing inherited
+    start, results = context.Barrier(2), context.Queue()
+    processes = [context.Process(target=scan_in_a_process, args=(database_url, start, results))
+                 for _ in range(2)]
+    for process in processes:
+        process.start()
+    per_process = [results.get(timeout=120) for _ in processes]
+    for process in processes:
+        process.join(timeout=30)
+    assert all(isinstance(claimed, list) for claimed in per_process), per_process
+    assert [process.exitcode for process in processes] == [0, 0]
+    assert_claimed_exactly_once(per_process, due)
+
+
+def test_four_threads_claim_every_due_delivery_exactly_once(due):
+    start, per_thread = threading.Barrier(4), []
+
+    def scan():
+        start.wait()
+        per_thread.append(claim_until_empty())
+    threads = [threading.Thread(target=scan) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(per_thread) == 4
+    assert_claimed_exactly_once(per_thread, due)
+
+
+def test_an_expired_lease_is_claimed_again_and_only_the_new_claim_counts(due):
+    with db.connection_context():
+        first = claim_due(NOW, DUE, LEASE)
+        assert claim_due(NOW + LEASE - 1, DUE, LEASE) == []
+        second = claim_due(NOW + LEASE, DUE, LEASE)
+        assert {c.event_id for c in first} == {c.event_id for c in second} == due
+        assert {c.attempt for c in second} == {1}  # the interrupted attempt is made again
+        assert not record_success(first[0])
+        assert record_success(next(c for c in second if c.event_id == first[0].event_id))
+        assert claim_due(NOW + 2 * LEASE - 1, DUE, LEASE) == []
+        third = claim_due(NOW + 2 * LEASE, DUE, LEASE)
+        assert {c.event_id for c in third} == due - {first[0].event_id}  # delivered: never again

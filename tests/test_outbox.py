@@ -1,0 +1,424 @@
+"""The delivery queue (outbox.py) on the real database file: enqueue, claim, lease, record, cascade.
+
+Nothing here makes an HTTP request: attempts are claimed and their outcomes recorded by hand.
+"""
+
+import json
+import uuid
+
+import pytest
+
+from keys import create_key
+from models import Delivery, Event, Failure, Subscription, db
+from outbox import Outcome, claim_due, enqueue_test_ping, failures_page, record_failure, record_success
+from subscriptions import create_subscription, delete_subscription
+
+NOW = 1_800_000_000_123  # 2027-01-15T08:00:00.123Z, Unix ms
+LEASE = 40_000
+THRESHOLD = 20
+URL = "http://93.184.215.14/hook"  # never contacted: nothing here sends
+
+
+@pytest.fixture
+def database(app):
+    with app.app_context(), db.connection_context():
+        yield db
+
+
+@pytest.fixture
+def org(database):
+    return create_key("acme", ["webhooks:manage"], NOW).key.organization
+
+
+@pytest.fixture
+def subscription(org):
+    return create_subscription(org, URL, None, NOW)
+
+
+@pytest.fixture
+def other_subscription(org):
+    return create_subscription(org, "http://93.184.215.14/other", None, NOW)
+
+
+def reload(row):
+    return type(row).get_by_id(row.get_id())
+
+
+def delivery(event_id: str) -> Delivery:
+    return Delivery.get_by_id(event_id)
+
+
+def ping(subscription, at: int = NOW) -> Event:
+    return enqueue_test_ping(subscription, "KEYID", at)
+
+
+def failed(at: int = NOW, http_status: int | None = 500, error: str = "http_status",
+           excerpt: str = "oops", duration_ms: int = 41) -> Outcome:
+    return Outcome(False, http_status, error, excerpt, duration_ms, at, at + duration_ms)
+
+
+def claim_one(now: int = NOW):
+    [claim] = claim_due(now, 1, LEASE)
+    return claim
+
+
+def fail_streak(subscription, failures: int) -> None:
+    Subscription.update(consecutive_failures=failures).where(Subscription.id == subscription.id).execute()
+
+
+def count(model, subscription) -> int:
+    if model is Delivery:
+        return Delivery.select().join(Event).where(Event.subscription == subscription).count()
+    return model.select().where(model.subscription == subscription).count()
+
+
+def query_plan(database, action) -> str:
+    """Run `action` and return the SQLite query plans of the statements it ran, as one text."""
+    statements = []
+    connection = database.connection()
+    connection.set_trace_callback(statements.append)
+    try:
+        action()
+    finally:
+        connection.set_trace_callback(None)
+    plans = []
+    for sql in statements:
+        if sql.lstrip().upper().startswith(("SELECT", "UPDATE")):
+            plans += [row[-1] for row in database.execute_sql(f"EXPLAIN QUERY PLAN {sql}").fetchall()]
+    return "\n".join(plans)
+
+
+# --- enqueue ----------------------------------------------------------------------------------
+
+def test_a_ping_is_one_event_and_one_pending_delivery_due_now(subscription):
+    event = ping(subscription)
+    assert [(e.id, e.subscription_id, e.kind, e.created_at) for e in Event.select()] == \
+        [(event.id, subscription.id, "vc.test.ping", NOW)]
+    assert [(d.event_id, d.state, d.attempts, d.due_at, d.lease_token) for d in Delivery.select()] == \
+        [(event.id, "pending", 0, NOW, None)]
+
+
+def test_the_body_is_the_compact_envelope(subscription):
+    body = bytes(ping(subscription).body)
+    envelope = json.loads(body)
+    assert body == json.dumps(envelope, separators=(",", ":"), ensure_ascii=False).encode()
+    assert list(envelope) == ["event", "id", "subscription_id", "occurred_at", "data"]
+    assert envelope["event"] == "vc.test.ping"
+    assert envelope["subscription_id"] == subscription.id
+    assert envelope["data"]["triggered_by_key_id"] == "KEYID"
+    assert isinstance(envelope["data"]["message"], str) and envelope["data"]["message"]
+
+
+def test_the_event_id_is_evt_and_a_uuid4(subscription):
+    event = ping(subscription)
+    assert event.id.startswith("evt_")
+    assert str(uuid.UUID(event.id.removeprefix("evt_"), version=4)) == event.id.removeprefix("evt_")
+    assert json.loads(bytes(event.body))["id"] == event.id
+
+
+@pytest.mark.parametrize("now, occurred_at", [
+    (NOW, "2027-01-15T08:00:00.123Z"),
+    (1_800_000_000_000, "2027-01-15T08:00:00.000Z"),
+    (1_800_000_000_009, "2027-01-15T08:00:00.009Z"),
+    (1_800_000_059_999, "2027-01-15T08:00:59.999Z"),
+])
+def test_occurred_at_is_the_given_time_in_rfc3339_milliseconds(subscription, now, occurred_at):
+    assert json.loads(bytes(ping(subscription, now).body))["occurred_at"] == occurred_at
+
+
+def test_every_ping_is_a_new_event(subscription):
+    ids = {ping(subscription).id for _ in range(5)}
+    assert len(ids) == 5
+    assert Delivery.select().count() == 5
+
+
+# --- claim ------------------------------------------------------------------------------------
+
+def test_nothing_is_claimed_before_it_is_due(subscription):
+    ping(subscription, NOW + 5000)
+    assert claim_due(NOW + 4999, 10, LEASE) == []
+    assert delivery(Event.get().id).state == "pending"
+
+
+def test_a_due_delivery_is_claimed_with_all_it_needs(subscription):
+    event = ping(subscription)
+    [claim] = claim_due(NOW, 10, LEASE)
+    assert (claim.event_id, claim.kind, claim.body, claim.attempt, claim.subscription_id, claim.url,
+            claim.secret) == (event.id, "vc.test.ping", bytes(event.body), 1, subscription.id, URL,
+                              subscription.secret)
+    row = delivery(event.id)
+    assert (row.state, row.due_at, row.lease_token, row.attempts) == \
+        ("in_flight", NOW + LEASE, claim.lease_token, 0)
+
+
+def test_a_late_claim_still_takes_an_overdue_delivery(subscription):
+    event = ping(subscription)
+    assert [c.event_id for c in claim_due(NOW + 86_400_000, 10, LEASE)] == [event.id]
+
+
+def test_a_claimed_delivery_is_not_claimed_again_while_leased(subscription):
+    ping(subscription)
+    claim_one()
+    assert claim_due(NOW, 10, LEASE) == []
+    assert claim_due(NOW + LEASE - 1, 10, LEASE) == []
+
+
+def test_an_expired_lease_is_claimed_again_with_the_same_event_and_attempt(subscription):
+    event = ping(subscription)
+    crashed = claim_one()
+    [retaken] = claim_due(NOW + LEASE, 10, LEASE)
+    assert (retaken.event_id, retaken.attempt, retaken.body) == (event.id, 1, crashed.body)
+    assert retaken.lease_token != crashed.lease_token
+    assert delivery(event.id).due_at == NOW + 2 * LEASE
+
+
+def test_claims_take_the_earliest_due_first(subscription):
+    late, early, middle = ping(subscription, NOW + 2), ping(subscription, NOW), ping(subscription, NOW + 1)
+    assert [claim_one(NOW + 10).event_id for _ in range(3)] == [early.id, middle.id, late.id]
+
+
+def test_claims_are_limited_to_the_earliest_due(subscription):
+    events = [ping(subscription, NOW + offset) for offset in (5, 3, 1, 4, 2)]
+    claimed = {claim.event_id for claim in claim_due(NOW + 10, 2, LEASE)}
+    assert claimed == {events[2].id, events[4].id}
+    assert Delivery.select().where(Delivery.state == "pending").count() == 3
+
+
+@pytest.mark.parametrize("limit", [0, -1])
+def test_a_limit_below_one_claims_nothing(subscription, limit):
+    ping(subscription)
+    assert claim_due(NOW, limit, LEASE) == []
+    assert delivery(Event.get().id).state == "pending"
+
+
+def test_finished_deliveries_are_never_claimed(subscription):
+    delivered, dead = ping(subscription), ping(subscription)
+    record_success(claim_due(NOW, 1, LEASE)[0])
+    record_failure(claim_one(), failed(), None, THRESHOLD)
+    assert {delivery(delivered.id).state, delivery(dead.id).state} == {"delivered", "dead"}
+    assert claim_due(NOW + 365 * 86_400_000, 10, LEASE) == []
+
+
+# --- success ----------------------------------------------------------------------------------
+
+def test_success_marks_the_delivery_delivered(subscription):
+    event = ping(subscription)
+    assert record_success(claim_one()) is True
+    row = delivery(event.id)
+    assert (row.state, row.attempts, row.due_at, row.lease_token) == ("delivered", 1, None, None)
+    assert Failure.select().count() == 0
+
+
+def test_success_resets_consecutive_failures(subscription):
+    ping(subscription)
+    fail_streak(subscription, 7)
+    record_success(claim_one())
+    assert reload(subscription).consecutive_failures == 0
+
+
+# --- failure ----------------------------------------------------------------------------------
+
+def test_a_failure_is_audited_with_its_fields(subscription):
+    event = ping(subscription)
+    claim = claim_one()
+    outcome = Outcome(False, 503, "http_status", "busy", 1234, NOW + 10, NOW + 1244)
+    assert record_failure(claim, outcome, NOW + 61_244, THRESHOLD) == (True, NOW + 61_244)
+    [failure] = Failure.select()
+    assert failure.id.startswith("fail_")
+    assert (failure.subscription_id, failure.event_id, failure.attempt, failure.http_status, failure.error,
+            failure.response_excerpt, failure.duration_ms, failure.attempted_at, failure.next_attempt_at) == \
+        (subscription.id, event.id, 1, 503, "http_status", "busy", 1234, NOW + 10, NOW + 61_244)
+
+
+def test_a_failure_without_a_response_has_no_http_status(subscription):
+    ping(subscription)
+    record_failure(claim_one(), failed(http_status=None, error="timeout", excerpt=""), NOW + 60_000, THRESHOLD)
+    assert (Failure.get().http_status, Failure.get().error) == (None, "timeout")
+
+
+def test_a_failure_counts_against_the_subscription(subscription):
+    ping(subscription)
+    record_failure(claim_one(), failed(), NOW + 60_000, THRESHOLD)
+    assert reload(subscription).consecutive_failures == 1
+
+
+def test_a_failure_with_a_next_attempt_waits_for_it(subscription):
+    event = ping(subscription)
+    record_failure(claim_one(), failed(), NOW + 60_000, THRESHOLD)
+    row = delivery(event.id)
+    assert (row.state, row.attempts, row.due_at, row.lease_token) == ("pending", 1, NOW + 60_000, None)
+    assert claim_due(NOW + 59_999, 10, LEASE) == []
+    [claim] = claim_due(NOW + 60_000, 10, LEASE)
+    assert (claim.event_id, claim.attempt) == (event.id, 2)
+
+
+def test_a_failure_without_a_next_attempt_is_dead_lettered(subscription):
+    event = ping(subscription)
+    assert record_failure(claim_one(), failed(), None, THRESHOLD) == (True, None)
+    row = delivery(event.id)
+    assert (row.state, row.attempts, row.due_at, row.lease_token) == ("dead", 1, None, None)
+    assert Failure.get().next_attempt_at is None
+    assert reload(subscription).active is True
+
+
+def test_attempt_numbers_follow_the_recorded_attempts(subscription):
+    ping(subscription)
+    now = NOW
+    for attempt in range(1, 4):
+        claim = claim_one(now)
+        assert claim.attempt == attempt
+        record_failure(claim, failed(now), now + 1000, THRESHOLD)
+        now += 1000
+    assert [f.attempt for f in Failure.select().order_by(Failure.attempt)] == [1, 2, 3]
+
+
+def test_one_short_of_the_threshold_stays_active(subscription):
+    ping(subscription)
+    fail_streak(subscription, THRESHOLD - 2)
+    record_failure(claim_one(), failed(), NOW + 60_000, THRESHOLD)
+    state = reload(subscription)
+    assert (state.active, state.consecutive_failures, state.auto_disabled_at) == (True, THRESHOLD - 1, None)
+
+
+def test_reaching_the_threshold_auto_disables_at_the_finish_time(subscription):
+    event = ping(subscription)
+    fail_streak(subscription, THRESHOLD - 1)
+    outcome = failed(NOW + 5)
+    assert record_failure(claim_one(), outcome, NOW + 60_000, THRESHOLD) == (True, None)
+    state = reload(subscription)
+    assert (state.active, state.consecutive_failures, state.auto_disabled_at) == \
+        (False, THRESHOLD, outcome.finished_at)
+    assert (delivery(event.id).state, delivery(event.id).due_at) == ("dead", None)
+    assert Failure.get().next_attempt_at is None
+
+
+def test_auto_disable_dead_letters_the_other_pending_deliveries(subscription, other_subscription):
+    failing = ping(subscription)
+    waiting = [ping(subscription, NOW + offset) for offset in (1, 60_000, 86_400_000)]
+    elsewhere = ping(other_subscription, NOW + 1)
+    fail_streak(subscription, THRESHOLD - 1)
+    record_failure(claim_one(), failed(), NOW + 60_000, THRESHOLD)
+    assert [(delivery(e.id).state, delivery(e.id).due_at) for e in [failing, *waiting]] == [("dead", None)] * 4
+    assert delivery(elsewhere.id).state == "pending"
+    assert [c.event_id for c in claim_due(NOW + 365 * 86_400_000, 10, LEASE)] == [elsewhere.id]
+
+
+def test_a_failure_finishing_after_the_auto_disable_is_dead_lettered(subscription):
+    first, second = ping(subscription), ping(subscription, NOW + 1)
+    fail_streak(subscription, THRESHOLD - 1)
+    disabling, in_flight = claim_one(NOW + 1), claim_one(NOW + 1)
+    disabled = failed(NOW + 10)
+    record_failure(disabling, disabled, NOW + 60_000, THRESHOLD)
+    assert record_failure(in_flight, failed(NOW + 20), NOW + 60_000, THRESHOLD) == (True, None)
+    assert (delivery(in_flight.event_id).state, delivery(in_flight.event_id).due_at) == ("dead", None)
+    state = reload(subscription)
+    assert (state.active, state.auto_disabled_at) == (False, disabled.finished_at)
+    assert {first.id, second.id} == {disabling.event_id, in_flight.event_id}
+
+
+def test_a_failure_on_a_disabled_subscription_is_dead_lettered(subscription):
+    event = ping(subscription)
+    claim = claim_one()
+    Subscription.update(active=False, auto_disabled_at=NOW - 1).where(Subscription.id == subscription.id).execute()
+    assert record_failure(claim, failed(), NOW + 60_000, THRESHOLD) == (True, None)
+    assert delivery(event.id).state == "dead"
+    assert reload(subscription).auto_disabled_at == NOW - 1  # the first disable time is kept
+
+
+def test_a_crashed_attempt_is_not_resent_after_the_subscription_is_auto_disabled(subscription):
+    ping(subscription)
+    ping(subscription, NOW + 1)
+    fail_streak(subscription, THRESHOLD - 1)
+    disabling = claim_one(NOW + 1)
+    claim_one(NOW + 1)  # then its process dies
+    record_failure(disabling, failed(NOW + 10), NOW + 60_000, THRESHOLD)
+    assert claim_due(NOW + LEASE + 1000, 10, LEASE) == []
+
+
+# --- lost leases --------------------------------------------------------------------------------
+
+def test_a_stale_failure_records_nothing(subscription):
+    event = ping(subscription)
+    stale = claim_one()
+    current = claim_one(NOW + LEASE)
+    assert record_failure(stale, failed(), NOW + 60_000, THRESHOLD) == (False, None)
+    assert Failure.select().count() == 0
+    assert reload(subscription).consecutive_failures == 0
+    row = delivery(event.id)
+    assert (row.state, row.lease_token, row.attempts) == ("in_flight", current.lease_token, 0)
+
+
+def test_a_stale_failure_at_the_threshold_does_not_disable(subscription):
+    ping(subscription)
+    fail_streak(subscription, THRESHOLD - 1)
+    stale = claim_one()
+    claim_one(NOW + LEASE)
+    record_failure(stale, failed(), NOW + 60_000, THRESHOLD)
+    assert (reload(subscription).active, reload(subscription).consecutive_failures) == (True, THRESHOLD - 1)
+
+
+def test_a_stale_success_records_nothing(subscription):
+    event = ping(subscription)
+    stale = claim_one()
+    current = claim_one(NOW + LEASE)
+    fail_streak(subscription, 3)
+    assert record_success(stale) is False
+    assert reload(subscription).consecutive_failures == 3
+    assert (delivery(event.id).state, delivery(event.id).lease_token) == ("in_flight", current.lease_token)
+
+
+def test_the_current_claim_still_finishes_after_a_stale_one_tried(subscription):
+    event = ping(subscription)
+    stale = claim_one()
+    current = claim_one(NOW + LEASE)
+    record_failure(stale, failed(), NOW + 60_000, THRESHOLD)
+    assert record_success(current) is True
+    assert delivery(event.id).state == "delivered"
+
+
+def test_a_finish_after_the_subscription_was_deleted_records_nothing(subscription):
+    ping(subscription)
+    claim = claim_one()
+    delete_subscription(subscription)
+    assert record_failure(claim, failed(), NOW + 60_000, THRESHOLD) == (False, None)
+    assert record_success(claim) is False
+    assert Failure.select().count() == 0
+
+
+# --- delete -------------------------------------------------------------------------------------
+
+def test_deleting_a_subscription_deletes_its_events_deliveries_and_failures(subscription, other_subscription):
+    for target, first_due in ((subscription, NOW), (other_subscription, NOW + 10)):
+        for offset in range(3):
+            ping(target, first_due + offset)
+    for _ in range(2):  # per subscription, in due order: one retry pending, one dead, one in flight
+        record_failure(claim_one(NOW + 20), failed(), NOW + 60_000, THRESHOLD)
+        record_failure(claim_one(NOW + 20), failed(), None, THRESHOLD)
+        claim_one(NOW + 20)
+    assert [count(model, subscription) for model in (Event, Delivery, Failure)] == [3, 3, 2]
+    assert sorted(d.state for d in Delivery.select()) == ["dead", "dead", "in_flight", "in_flight",
+                                                          "pending", "pending"]
+    delete_subscription(subscription)
+    assert Subscription.get_or_none(Subscription.id == subscription.id) is None
+    assert [count(model, subscription) for model in (Event, Delivery, Failure)] == [0, 0, 0]
+    assert [count(model, other_subscription) for model in (Event, Delivery, Failure)] == [3, 3, 2]
+    assert [Event.select().count(), Delivery.select().count(), Failure.select().count()] == [3, 3, 2]
+
+
+# --- query plans ----------------------------------------------------------------------------------
+
+def test_the_claim_uses_the_partial_due_index(database, subscription):
+    for offset in range(3):
+        ping(subscription, NOW + offset)
+    plan = query_plan(database, lambda: claim_due(NOW + 10, 2, LEASE))
+    assert "USING INDEX delivery_due_at" in plan
+    assert "TEMP B-TREE" not in plan  # due order comes from the index, not from a sort
+
+
+@pytest.mark.parametrize("position", [None, [NOW + 5, "fail_zzzzzzzzzzzzzzzzzzzz"]], ids=["first", "next"])
+def test_the_failures_page_uses_its_keyset_index(database, subscription, position):
+    ping(subscription)
+    record_failure(claim_one(), failed(), NOW + 60_000, THRESHOLD)
+    plan = query_plan(database, lambda: failures_page(subscription, position, 20))
+    assert "failure_subscription_id_attempted_at_id" in plan
+    assert "TEMP B-TREE" not in plan  # ordered by the index, not sorted afterwards

@@ -1,0 +1,215 @@
+"""The same code on a real PostgreSQL server: schema.sql, the models, and the API's main flows over HTTP.
+
+Every test gets a database of its own (`postgres_url`: an empty schema). The HTTP flows are the very
+test functions of test_webhooks.py and test_delivery.py, collected here a second time on PostgreSQL.
+"""
+
+import threading
+
+import pytest
+from peewee import PostgresqlDatabase
+from playhouse.db_url import connect
+
+import models
+from errors import ValidationError
+from models import (ApiKey, Delivery, Event, Failure, Organization, Setting, Subscription, db,
+                    open_database, write_transaction)
+from outbox import _holds_lease, claim_due, enqueue
+from subscriptions import MAX_SUBSCRIPTIONS, create_subscription
+# Fixtures and tests re-run here on PostgreSQL (pytest collects what a module's namespace holds).
+from tests.test_delivery import (  # noqa: F401
+    config, dispatcher, failures, listed, ping, receiver, subscribe,
+    test_a_late_finish_after_the_lease_was_taken_over_is_not_recorded,
+    test_an_interrupted_attempt_is_retried_after_its_lease, test_delete_stops_retries,
+    test_failure_record_fields, test_one_slow_target_does_not_delay_the_others,
+    test_ping_arrives_signed_and_verifiable, test_success_after_failures_resets_the_counter,
+    test_the_scanner_delivers_a_ping_at_once_not_at_the_next_poll,
+    test_twenty_consecutive_failures_auto_disable)
+from tests.test_delivery import test_failure_pages_return_every_failure_exactly_once as failure_pages
+from tests.test_webhooks import (  # noqa: F401
+    clock, full, test_another_organizations_subscription_is_404_and_survives,
+    test_create_returns_the_subscription_with_its_secret, test_cursor_survives_deletion_of_the_last_row_it_saw,
+    test_deleted_subscription_is_no_longer_listed, test_deleting_one_makes_room_again,
+    test_list_is_the_created_subscriptions_without_secrets_oldest_first,
+    test_list_shows_only_the_calling_organizations_subscriptions,
+    test_pages_are_complete_and_stable_within_one_millisecond,
+    test_pages_return_every_subscription_once_in_creation_order, test_the_101st_subscription_is_422)
+
+
+@pytest.fixture
+def database_url(postgres_url):
+    return postgres_url
+
+
+@pytest.fixture
+def database(database_url):
+    """`db` bound to this test's PostgreSQL database, schema applied, connected."""
+    database = open_database(database_url)
+    with db.connection_context():
+        yield database
+
+
+def table_names() -> list[str]:
+    return sorted(model._meta.table_name for model in models.MODELS)
+
+
+def run_together(count: int, work) -> list[Exception]:
+    """Run `work` on `count` threads released at the same moment; each thread has its own
+    connection (peewee's are per thread). Returns what they raised."""
+    start, errors = threading.Barrier(count), []
+
+    def run():
+        start.wait()
+        try:
+            with db.connection_context():
+                work()
+        except Exception as error:  # noqa: BLE001 - returned to the test
+            errors.append(error)
+    threads = [threading.Thread(target=run) for _ in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return errors
+
+
+# --- the HTTP flows beyond those imported above -------------------------------------------------------
+
+def test_failure_pages_return_every_failure_exactly_once(dispatcher, receiver, subscribe, ping, clock,
+                                                         failures):
+    failure_pages(dispatcher, receiver, subscribe, ping, clock, failures, limit=3)  # one page size of six
+
+
+# --- schema.sql -----------------------------------------------------------------------------------
+
+def test_open_database_gives_a_postgresql_database(database):
+    assert isinstance(database, PostgresqlDatabase)
+    assert not models.is_sqlite()
+
+
+def test_schema_applies_twice(database_url):
+    open_database(database_url)
+    database = open_database(database_url)
+    models.apply_schema()
+    assert sorted(database.get_tables()) == table_names()
+
+
+def test_processes_starting_together_apply_the_schema_once(database_url):
+    """Workers (or hosts) start at the same moment on a new database: none of them fails."""
+    db.initialize(connect(database_url))
+    assert run_together(6, models.apply_schema) == []
+    assert sorted(db.get_tables()) == table_names()
+
+
+def describe(database) -> dict:
+    """Columns, indexes and constraints of the database's current schema, as comparable data."""
+    queries = {
+        "columns": """SELECT table_name, ordinal_position, column_name, data_type, is_nullable, column_default
+                      FROM information_schema.columns WHERE table_schema = current_schema()""",
+        "indexes": """SELECT tablename, indexname, replace(indexdef, current_schema() || '.', '')
+                      FROM pg_indexes WHERE schemaname = current_schema()""",
+        "constraints": """SELECT conrelid::regclass::text, conname, pg_get_constraintdef(oid)
+                          FROM pg_constraint WHERE connamespace = current_schema()::regnamespace""",
+    }
+    with database.connection_context():
+        return {part: sorted(database.execute_sql(sql).fetchall()) for part, sql in queries.items()}
+
+
+@pytest.fixture
+def scratch_database(postgres_server):
+    """A second, empty schema on the same server."""
+    database = postgres_server.connect(postgres_server.create_schema())
+    yield database
+    database.close()
+
+
+@pytest.mark.parametrize("part", ["columns", "indexes", "constraints"])
+def test_models_and_schema_describe_the_same_database(database, scratch_database, part):
+    with scratch_database.bind_ctx(models.MODELS):
+        scratch_database.create_tables(models.MODELS)
+    assert describe(scratch_database)[part] == describe(database)[part]
+
+
+# --- the models -----------------------------------------------------------------------------------
+
+BIG_MS = 4_102_444_800_000  # 2100-01-01: past 32 bits
+BODY = b'{"event":"vc.test.ping","note":"\xc3\xa9"}\x00\xff raw bytes'
+
+
+def test_every_table_round_trips(database):
+    org = Organization.create(id="org_1", slug="acme", rate_limit_per_minute=7, created_at=BIG_MS)
+    ApiKey.create(key_id="K" * 20, organization=org, secret_hash="h" * 64, scopes="identity:read",
+                  created_at=BIG_MS, revoked_at=BIG_MS + 1)
+    subscription = Subscription.create(id="wh_1", organization=org, url="https://partner.example/é",
+                                       description=None, secret="whsec_x", active=False,
+                                       consecutive_failures=3, auto_disabled_at=BIG_MS, created_at=BIG_MS)
+    event = Event.create(id="evt_1", subscription=subscription, kind="vc.test.ping", body=BODY,
+                         created_at=BIG_MS)
+    Delivery.create(event=event, state=Delivery.PENDING, attempts=2, due_at=BIG_MS, lease_token=None)
+    Failure.create(id="fail_1", subscription=subscription, event=event, attempt=2, http_status=None,
+                   error="timeout", response_excerpt="", duration_ms=10_000, attempted_at=BIG_MS,
+                   next_attempt_at=None)
+    Setting.create(name="cursor_signing_key", value="ab" * 32)
+    assert {model: [row.__data__ for row in model.select()] for model in models.MODELS} == {
+        Organization: [{"id": "org_1", "slug": "acme", "rate_limit_per_minute": 7, "created_at": BIG_MS}],
+        ApiKey: [{"key_id": "K" * 20, "organization": "org_1", "secret_hash": "h" * 64,
+                  "scopes": "identity:read", "created_at": BIG_MS, "revoked_at": BIG_MS + 1}],
+        Subscription: [{"id": "wh_1", "organization": "org_1", "url": "https://partner.example/é",
+                        "description": None, "secret": "whsec_x", "active": False,
+                        "consecutive_failures": 3, "auto_disabled_at": BIG_MS, "created_at": BIG_MS}],
+        Event: [{"id": "evt_1", "subscription": "wh_1", "kind": "vc.test.ping", "body": BODY,
+                 "created_at": BIG_MS}],
+        Delivery: [{"event": "evt_1", "state": "pending", "attempts": 2, "due_at": BIG_MS,
+                    "lease_token": None}],
+        Failure: [{"id": "fail_1", "subscription": "wh_1", "event": "evt_1", "attempt": 2,
+                   "http_status": None, "error": "timeout", "response_excerpt": "", "duration_ms": 10_000,
+                   "attempted_at": BIG_MS, "next_attempt_at": None}],
+        Setting: [{"name": "cursor_signing_key", "value": "ab" * 32}],
+    }
+    stored = Event.get_by_id("evt_1")
+    assert stored.body == BODY and type(stored.body) is bytes
+    assert Subscription.get_by_id("wh_1").active is False
+    assert Subscription.select().where(Subscription.active == False).count() == 1  # noqa: E712
+
+
+def test_defaults_come_from_the_schema(database):
+    db.execute_sql("""INSERT INTO "organization" ("id", "slug", "created_at") VALUES ('org_1', 'acme', 1)""")
+    db.execute_sql("""INSERT INTO "subscription" ("id", "organization_id", "url", "secret", "created_at")
+                      VALUES ('wh_1', 'org_1', 'https://x.example/', 's', 1)""")
+    subscription = Subscription.select(Subscription, Organization).join(Organization).get()
+    assert (subscription.organization.rate_limit_per_minute, subscription.active,
+            subscription.consecutive_failures) == (600, True, 0)
+
+
+def test_deleting_a_subscription_cascades(database):
+    org = Organization.create(id="org_1", slug="acme", created_at=1)
+    subscription = Subscription.create(id="wh_1", organization=org, url="https://x.example/",
+                                       secret="s", created_at=1)
+    event = Event.create(id="evt_1", subscription=subscription, kind="k", body=b"{}", created_at=1)
+    Delivery.create(event=event, state=Delivery.PENDING, due_at=1)
+    Failure.create(id="fail_1", subscription=subscription, event=event, attempt=1, error="timeout",
+                   response_excerpt="", duration_ms=1, attempted_at=1)
+    subscription.delete_instance()
+    assert [model.select().count() for model in (Event, Delivery, Failure)] == [0, 0, 0]
+
+
+def test_the_subscription_cap_holds_when_creates_race(database):
+    org = Organization.create(id="org_1", slug="acme", created_at=1)
+    for _ in range(MAX_SUBSCRIPTIONS - 2):
+        create_subscription(org, "https://x.example/", None, 1)
+    errors = run_together(6, lambda: create_subscription(org, "https://x.example/", None, 1))
+    assert [type(error) for error in errors] == [ValidationError] * 4
+    assert Subscription.select().count() == MAX_SUBSCRIPTIONS
+
+
+def test_a_lease_being_recorded_is_not_taken_over_meanwhile(database):
+    """Between checking its lease and finishing, a late attempt keeps the row: a scanner that finds
+    the lease expired in that moment skips it rather than making the attempt a second time."""
+    org = Organization.create(id="org_1", slug="acme", created_at=1)
+    enqueue(create_subscription(org, "https://x.example/", None, 1), "vc.test.ping", {}, 1)
+    [claim] = claim_due(1, 10, 1000)
+    with write_transaction():
+        assert _holds_lease(claim)
+        taken = []
+        assert run_together(1, lambda: taken.extend(claim_due(1 + 1000, 10, 1000))) == []
+        assert taken == []

@@ -1,0 +1,91 @@
+"""Rate limits on a real Redis server (PARTNER_RATELIMIT_STORAGE_URI=redis://...): the budget of an
+organization is exact and shared by every process that serves it.
+
+The tests of test_ratelimit.py run here a second time against Redis; then two apps built by two
+create_app calls (two serving processes, each with its own limiter and connection) share one Redis.
+"""
+
+import re
+import threading
+
+import pytest
+
+from app import create_app
+from tests.test_me import test_me_carries_rate_limit_headers  # noqa: F401 - re-run on Redis
+from tests.test_ratelimit import (  # noqa: F401 - re-run on Redis
+    get_me, test_another_organization_is_unaffected,
+    test_failed_authentication_never_spends_the_organization_budget,
+    test_failed_authentications_are_limited_per_client_address, test_retry_after_only_on_429,
+    test_the_601st_request_of_an_organization_gets_429, test_two_keys_of_one_organization_share_the_budget)
+
+
+@pytest.fixture
+def config(config, redis_url):
+    return {"RATELIMIT_STORAGE_URI": redis_url, **config}  # a config marker still wins
+
+
+@pytest.fixture
+def other_client(app, config):
+    """A second serving process: its own app, limiter and Redis connection, the same database."""
+    return create_app(config).test_client()
+
+
+def test_the_limiter_counts_in_redis(client, issue_key, redis_server):
+    get_me(client, issue_key())
+    assert redis_server.client().dbsize() > 0
+
+
+def test_the_429_carries_every_rate_limit_header(client, issue_key):
+    key = issue_key(org="busy", rate_limit=2)
+    for _ in range(2):
+        get_me(client, key)
+    response = get_me(client, key)
+    assert response.status_code == 429
+    headers = response.headers
+    assert (headers["X-RateLimit-Limit"], headers["X-RateLimit-Remaining"]) == ("2", "0")
+    assert headers["RateLimit-Policy"] == '"org";q=2;w=60'
+    assert re.fullmatch(r'"org";r=0;t=\d+', headers["RateLimit"])
+    assert 1 <= int(headers["Retry-After"]) <= 60
+    assert int(headers["X-RateLimit-Reset"]) > 0
+
+
+def test_two_processes_share_one_organization_budget_exactly(client, other_client, issue_key):
+    key = issue_key(org="shared", rate_limit=5)
+    responses = [get_me(c, key) for c in (client, other_client, client, other_client, client)]
+    assert [r.status_code for r in responses] == [200] * 5
+    assert [r.headers["X-RateLimit-Remaining"] for r in responses] == ["4", "3", "2", "1", "0"]
+    assert get_me(other_client, key).status_code == 429
+    assert get_me(client, key).status_code == 429
+
+
+def test_another_organization_is_unaffected_in_either_process(client, other_client, issue_key):
+    busy, calm = issue_key(org="busy", rate_limit=2), issue_key(org="calm", rate_limit=2)
+    assert [get_me(c, busy).status_code for c in (client, other_client, client)] == [200, 200, 429]
+    assert [get_me(c, calm).status_code for c in (client, other_client)] == [200, 200]
+
+
+def test_concurrent_requests_in_two_processes_pass_exactly_the_limit(app, config, issue_key):
+    key = issue_key(org="racing", rate_limit=25)
+    apps = [app, create_app(config)]
+    start, statuses, lock = threading.Barrier(8), [], threading.Lock()
+
+    def hammer(serving):
+        client = serving.test_client()
+        start.wait()
+        for _ in range(10):
+            status = get_me(client, key).status_code
+            with lock:
+                statuses.append(status)
+    threads = [threading.Thread(target=hammer, args=(apps[n % 2],)) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(statuses) == [200] * 25 + [429] * 55
+
+
+@pytest.mark.config(RATELIMIT_STORAGE_URI="memory://")
+def test_without_redis_each_process_counts_alone(client, other_client, issue_key):
+    """Why scale-out needs Redis: memory:// gives every process a budget of its own."""
+    key = issue_key(org="shared", rate_limit=1)
+    assert [get_me(c, key).status_code for c in (client, other_client)] == [200, 200]
