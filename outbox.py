@@ -9,10 +9,8 @@ import json
 import uuid
 from dataclasses import dataclass
 
-from peewee import fn
-
-from models import Delivery, Event, Failure, Subscription, db, is_sqlite, new_id, random_token, \
-    write_transaction
+from models import IS_OPEN, Delivery, Event, Failure, Subscription, db, is_sqlite, new_id, \
+    random_token, write_transaction
 from pagination import keyset_page
 from retry import reaches_auto_disable
 from timestamps import iso
@@ -73,7 +71,7 @@ def claim_due(now_ms: int, limit: int, lease_ms: int) -> list[Claim]:
         return []
     token = random_token(22)
     due = (Delivery.select(Delivery.event)
-           .where(Delivery.state.in_(Delivery.OPEN_STATES) & (Delivery.due_at <= now_ms))
+           .where(IS_OPEN & (Delivery.due_at <= now_ms))
            .order_by(Delivery.due_at).limit(limit))
     if not is_sqlite():
         due = due.for_update("FOR UPDATE SKIP LOCKED")
@@ -133,11 +131,6 @@ def failures_page(subscription: Subscription, position: list | None, limit: int)
     return keyset_page(query, (Failure.attempted_at, Failure.id), position, limit, newest_first=True)
 
 
-def open_deliveries() -> int:
-    return Delivery.select(fn.COUNT(Delivery.event)).where(
-        Delivery.state.in_(Delivery.OPEN_STATES)).scalar()
-
-
 def _holds_lease(claim: Claim) -> bool:
     """Whether the claim's lease is still ours; keeps it ours until the caller's transaction ends
     (SQLite's write transaction already excludes other claimers; PostgreSQL needs the row lock)."""
@@ -164,4 +157,4 @@ def _auto_disable(subscription: Subscription, now_ms: int) -> None:
     subscription.save()
     events = Event.select(Event.id).where(Event.subscription == subscription)
     (Delivery.update(state=Delivery.DEAD, due_at=None)
-     .where(Delivery.state.in_(Delivery.OPEN_STATES) & Delivery.event.in_(events)).execute())
+     .where(IS_OPEN & Delivery.event.in_(events)).execute())
