@@ -43,6 +43,9 @@ class Dispatcher:
         self.poll_interval = config["DELIVERY_POLL_INTERVAL"]
         self.enabled = config["SCHEDULER_ENABLED"]
         self.lease_ms = to_ms(self.timeout + LEASE_MARGIN_SECONDS)
+        # A finished attempt refills slots once this many are free: one claim transaction then
+        # starts several attempts, instead of one transaction per attempt under load.
+        self.refill_at = max(1, self.concurrency // 2)
         self.random = random.Random()
         self._free_slots = self.concurrency
         self._slots_lock = threading.Lock()
@@ -117,7 +120,8 @@ class Dispatcher:
             log.exception("delivery attempt crashed: event=%s", claim.event_id)
         finally:
             self._release_slots(1)
-        self.scan()
+        if self._free_slots >= self.refill_at:
+            self.scan()
 
     def _reserve_slots(self) -> int:
         with self._slots_lock:

@@ -4,6 +4,8 @@ import logging
 import os
 import secrets
 import string
+import threading
+from contextlib import contextmanager
 from pathlib import Path
 
 from peewee import (SQL, BigIntegerField, BlobField, BooleanField, DatabaseProxy, ForeignKeyField,
@@ -90,11 +92,23 @@ def is_sqlite() -> bool:
     return isinstance(db.obj, SqliteDatabase)
 
 
+# SQLite allows one writer. Writers of this process queue on this lock instead of in SQLite's busy
+# handler, which sleeps in steps of 1 to 100 ms and starves a busy process; other processes still
+# wait in the busy handler. Re-entrant, so write transactions nest.
+_SQLITE_WRITER = threading.RLock()
+
+
+@contextmanager
 def write_transaction():
-    """A transaction for read-then-write work. On SQLite it takes the write lock up front:
+    """A transaction that writes. On SQLite it takes the write lock up front (BEGIN IMMEDIATE):
     a deferred transaction that reads and then writes fails instead of waiting when another
     writer got in between."""
-    return db.atomic("IMMEDIATE") if is_sqlite() else db.atomic()
+    if not is_sqlite():
+        with db.atomic():
+            yield
+        return
+    with _SQLITE_WRITER, db.atomic("IMMEDIATE"):
+        yield
 
 
 class BytesField(BlobField):

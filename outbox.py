@@ -9,7 +9,7 @@ import json
 import uuid
 from dataclasses import dataclass
 
-from models import IS_OPEN, Delivery, Event, Failure, Subscription, db, is_sqlite, new_id, \
+from models import IS_OPEN, Delivery, Event, Failure, Subscription, is_sqlite, new_id, \
     random_token, write_transaction
 from pagination import keyset_page
 from retry import reaches_auto_disable
@@ -44,8 +44,8 @@ class Outcome:
 
 
 def enqueue_test_ping(subscription: Subscription, key_id: str, now_ms: int) -> Event:
-    """Create a vc.test.ping for the subscription, due at once. Runs in the caller's transaction
-    if there is one, so an accepted request survives a crash."""
+    """Create a vc.test.ping for the subscription, due at once; committed before the caller answers,
+    so an accepted request survives a crash."""
     data = {"message": "This is a test ping from the Partner Integration Service.",
             "triggered_by_key_id": key_id}
     return enqueue(subscription, TEST_PING, data, now_ms)
@@ -57,7 +57,7 @@ def enqueue(subscription: Subscription, kind: str, data: dict, now_ms: int) -> E
     envelope = {"event": kind, "id": event_id, "subscription_id": subscription.id,
                 "occurred_at": iso(now_ms), "data": data}
     body = json.dumps(envelope, separators=(",", ":"), ensure_ascii=False).encode()
-    with db.atomic():
+    with write_transaction():
         event = Event.create(id=event_id, subscription=subscription, kind=kind, body=body,
                              created_at=now_ms)
         Delivery.create(event=event, state=Delivery.PENDING, due_at=now_ms)
@@ -75,10 +75,11 @@ def claim_due(now_ms: int, limit: int, lease_ms: int) -> list[Claim]:
            .order_by(Delivery.due_at).limit(limit))
     if not is_sqlite():
         due = due.for_update("FOR UPDATE SKIP LOCKED")
-    claimed = (Delivery.update(state=Delivery.IN_FLIGHT, due_at=now_ms + lease_ms, lease_token=token)
-               .where(Delivery.event.in_(due))
-               .returning(Delivery.event, Delivery.attempts).execute())
-    attempts = {row.event_id: row.attempts for row in claimed}
+    with write_transaction():
+        claimed = (Delivery.update(state=Delivery.IN_FLIGHT, due_at=now_ms + lease_ms, lease_token=token)
+                   .where(Delivery.event.in_(due))
+                   .returning(Delivery.event, Delivery.attempts).execute())
+        attempts = {row.event_id: row.attempts for row in claimed}
     if not attempts:
         return []
     rows = (Event.select(Event.id, Event.kind, Event.body, Subscription.id, Subscription.url,

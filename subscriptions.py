@@ -43,4 +43,5 @@ def list_subscriptions(org: Organization, position: list | None, limit: int):
 
 def delete_subscription(subscription: Subscription) -> None:
     """Delete it with its events, deliveries and failures, so nothing more is sent to it."""
-    subscription.delete_instance()
+    with write_transaction():
+        subscription.delete_instance()
