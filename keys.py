@@ -54,12 +54,29 @@ def find_active_key(full_key: str) -> ApiKey | None:
     if parts is None:
         return None
     key_id, secret = parts
-    key = (ApiKey.select(ApiKey, Organization).join(Organization)
-           .where(ApiKey.key_id == key_id).first())
+    key = _load_key(key_id)
     stored = key.secret_hash if key else _DUMMY_HASH
     if not hmac.compare_digest(stored, hash_secret(secret)) or key is None or key.revoked_at:
         return None
     return key
+
+
+# Every API request runs this lookup, so it is written once as SQL rather than built by the ORM
+# each time (which cost a quarter of a request). Portable: the same text runs on SQLite and PostgreSQL.
+_KEY_LOOKUP = ('SELECT k.key_id, k.secret_hash, k.scopes, k.created_at, k.revoked_at, '
+               'o.id, o.slug, o.rate_limit_per_minute, o.created_at '
+               'FROM api_key AS k JOIN organization AS o ON o.id = k.organization_id '
+               'WHERE k.key_id = {param}')
+
+
+def _load_key(key_id: str) -> ApiKey | None:
+    """The key (revoked or not) with its organization, in one query."""
+    row = db.execute_sql(_KEY_LOOKUP.format(param=db.param), (key_id,)).fetchone()
+    if row is None:
+        return None
+    org = Organization(id=row[5], slug=row[6], rate_limit_per_minute=row[7], created_at=row[8])
+    return ApiKey(key_id=row[0], secret_hash=row[1], scopes=row[2], created_at=row[3],
+                  revoked_at=row[4], organization=org)
 
 
 def check_scopes(requested: list[str]) -> list[str]:
