@@ -175,6 +175,8 @@ class Delivery(BaseModel):
     PENDING, IN_FLIGHT, DELIVERED, DEAD = "pending", "in_flight", "delivered", "dead"
 
     event = ForeignKeyField(Event, column_name="event_id", primary_key=True, on_delete="CASCADE")
+    subscription = ForeignKeyField(Subscription, column_name="subscription_id", index=False,
+                                   on_delete="CASCADE")
     state = TextField()
     attempts = IntegerField(default=0, constraints=default("0"))
     due_at = BigIntegerField(null=True)
@@ -184,7 +186,12 @@ class Delivery(BaseModel):
 # Literal, not bound parameters: SQLite uses a partial index only for a query that repeats its
 # WHERE clause word for word, so the claim query and the index share this one fragment.
 IS_OPEN = SQL("\"state\" IN ('pending', 'in_flight')")
+IS_IN_FLIGHT = SQL("\"state\" = 'in_flight'")
 Delivery.add_index(ModelIndex(Delivery, (Delivery.due_at,), name="delivery_due_at").where(IS_OPEN))
+Delivery.add_index(ModelIndex(Delivery, (Delivery.subscription,), name="delivery_in_flight")
+                   .where(IS_IN_FLIGHT))
+Delivery.add_index(ModelIndex(Delivery, (Delivery.subscription, Delivery.state),
+                              name="delivery_subscription_id_state"))
 
 
 class Failure(BaseModel):

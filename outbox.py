@@ -9,7 +9,7 @@ import json
 import uuid
 from dataclasses import dataclass
 
-from models import IS_OPEN, Delivery, Event, Failure, Subscription, is_sqlite, new_id, \
+from models import IS_IN_FLIGHT, IS_OPEN, Delivery, Event, Failure, Subscription, is_sqlite, new_id, \
     random_token, write_transaction
 from pagination import keyset_page
 from retry import reaches_auto_disable
@@ -60,18 +60,20 @@ def enqueue(subscription: Subscription, kind: str, data: dict, now_ms: int) -> E
     with write_transaction():
         event = Event.create(id=event_id, subscription=subscription, kind=kind, body=body,
                              created_at=now_ms)
-        Delivery.create(event=event, state=Delivery.PENDING, due_at=now_ms)
+        Delivery.create(event=event, subscription=subscription, state=Delivery.PENDING, due_at=now_ms)
     return event
 
 
 def claim_due(now_ms: int, limit: int, lease_ms: int) -> list[Claim]:
     """Claim up to `limit` due deliveries (pending and due, or in flight with an expired lease)
-    for `lease_ms`. Atomic: a due delivery is claimed by exactly one caller, in any process."""
+    for `lease_ms`. Atomic: a due delivery is claimed by exactly one caller, in any process.
+    A subscription has at most one attempt in flight, so one slow target holds one slot at most."""
     if limit <= 0:
         return []
     token = random_token(22)
+    busy = Delivery.select(Delivery.subscription).where(IS_IN_FLIGHT & (Delivery.due_at > now_ms))
     due = (Delivery.select(Delivery.event)
-           .where(IS_OPEN & (Delivery.due_at <= now_ms))
+           .where(IS_OPEN & (Delivery.due_at <= now_ms) & Delivery.subscription.not_in(busy))
            .order_by(Delivery.due_at).limit(limit))
     if not is_sqlite():
         due = due.for_update("FOR UPDATE SKIP LOCKED")
@@ -80,16 +82,28 @@ def claim_due(now_ms: int, limit: int, lease_ms: int) -> list[Claim]:
                    .where(Delivery.event.in_(due))
                    .returning(Delivery.event, Delivery.attempts).execute())
         attempts = {row.event_id: row.attempts for row in claimed}
-    if not attempts:
-        return []
-    rows = (Event.select(Event.id, Event.kind, Event.body, Subscription.id, Subscription.url,
-                         Subscription.secret)
-            .join(Subscription).where(Event.id.in_(list(attempts))))
+        if not attempts:
+            return []
+        events = (Event.select(Event.id, Event.kind, Event.body, Event.created_at, Subscription.id,
+                               Subscription.url, Subscription.secret)
+                  .join(Subscription).where(Event.id.in_(list(attempts))))
+        chosen = {}
+        for event in sorted(events, key=lambda e: e.created_at):  # each subscription's oldest goes now
+            chosen.setdefault(event.subscription.id, event)
+        kept = {event.id for event in chosen.values()}
+        _release([event_id for event_id in attempts if event_id not in kept], token, now_ms)
     # The attempt number is written only when it finishes: an attempt cut short by a crash is
     # made again under the same number.
     return [Claim(event.id, event.kind, bytes(event.body), attempts[event.id] + 1, token,
                   event.subscription.id, event.subscription.url, event.subscription.secret)
-            for event in rows]
+            for event in chosen.values()]
+
+
+def _release(event_ids: list[str], token: str, now_ms: int) -> None:
+    """Hand claimed deliveries back, due now: their subscription already has one in this batch."""
+    if event_ids:
+        (Delivery.update(state=Delivery.PENDING, due_at=now_ms, lease_token=None)
+         .where(Delivery.event.in_(event_ids) & (Delivery.lease_token == token)).execute())
 
 
 def record_success(claim: Claim) -> bool:
@@ -156,6 +170,5 @@ def _auto_disable(subscription: Subscription, now_ms: int) -> None:
     subscription.active = False
     subscription.auto_disabled_at = now_ms
     subscription.save()
-    events = Event.select(Event.id).where(Event.subscription == subscription)
     (Delivery.update(state=Delivery.DEAD, due_at=None)
-     .where(IS_OPEN & Delivery.event.in_(events)).execute())
+     .where(IS_OPEN & (Delivery.subscription == subscription)).execute())

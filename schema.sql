@@ -51,17 +51,25 @@ CREATE INDEX IF NOT EXISTS "event_subscription_id" ON "event" ("subscription_id"
 
 -- The delivery state of one event. `due_at` is when it is next claimable: the next attempt
 -- time while pending, the lease expiry while in flight, null once delivered or dead.
+-- `subscription_id` repeats the event's, so that claims can skip busy subscriptions.
 CREATE TABLE IF NOT EXISTS "delivery" (
     "event_id" TEXT NOT NULL PRIMARY KEY,
+    "subscription_id" TEXT NOT NULL,
     "state" TEXT NOT NULL,
     "attempts" INTEGER NOT NULL DEFAULT 0,
     "due_at" BIGINT,
     "lease_token" TEXT,
-    FOREIGN KEY ("event_id") REFERENCES "event" ("id") ON DELETE CASCADE
+    FOREIGN KEY ("event_id") REFERENCES "event" ("id") ON DELETE CASCADE,
+    FOREIGN KEY ("subscription_id") REFERENCES "subscription" ("id") ON DELETE CASCADE
 );
 -- Only open deliveries are indexed, so finding due work ignores any number of finished ones.
 CREATE INDEX IF NOT EXISTS "delivery_due_at"
     ON "delivery" ("due_at") WHERE "state" IN ('pending', 'in_flight');
+-- The few attempts in flight, by subscription: a subscription has at most one at a time.
+CREATE INDEX IF NOT EXISTS "delivery_in_flight"
+    ON "delivery" ("subscription_id") WHERE "state" = 'in_flight';
+-- Open deliveries of one subscription, dead-lettered together when it is auto-disabled.
+CREATE INDEX IF NOT EXISTS "delivery_subscription_id_state" ON "delivery" ("subscription_id", "state");
 
 CREATE TABLE IF NOT EXISTS "failure" (
     "id" TEXT NOT NULL PRIMARY KEY,

@@ -29,14 +29,15 @@ def due(database_url) -> set[str]:
     database = open_database(database_url)
     with db.connection_context():
         org = Organization.create(id="org_1", slug="acme", created_at=NOW)
-        subscription = Subscription.create(id="wh_1", organization=org, url="https://x.example/",
-                                           secret="whsec_x", created_at=NOW)
         ids = [f"evt_{n:04d}" for n in range(DUE)]
+        # One subscription each: a subscription has at most one delivery in flight.
         with db.atomic():
-            Event.insert_many([{"id": i, "subscription": subscription, "kind": "vc.test.ping",
+            Subscription.insert_many([{"id": f"wh_{i}", "organization": org, "url": "https://x.example/",
+                                       "secret": "whsec_x", "created_at": NOW} for i in ids]).execute()
+            Event.insert_many([{"id": i, "subscription": f"wh_{i}", "kind": "vc.test.ping",
                                 "body": b"{}", "created_at": NOW} for i in ids]).execute()
-            Delivery.insert_many([{"event": i, "state": Delivery.PENDING, "due_at": NOW}
-                                  for i in ids]).execute()
+            Delivery.insert_many([{"event": i, "subscription": f"wh_{i}", "state": Delivery.PENDING,
+                                   "due_at": NOW} for i in ids]).execute()
     yield set(ids)
     database.close()
 

@@ -319,3 +319,25 @@ def test_one_slow_target_does_not_delay_the_others(dispatcher, subscribe, ping):
         dispatcher.stop()
         slow.stop()
         fast.stop()
+
+
+@pytest.mark.config(SCHEDULER_ENABLED=True, DELIVERY_TIMEOUT=3, DELIVERY_CONCURRENCY=4)
+def test_a_slow_target_with_many_events_holds_one_slot_only(dispatcher, subscribe, ping):
+    slow, fast = Receiver(script=[hang(3)]).start(), Receiver().start()
+    try:
+        slow_subscription = subscribe(slow.url)
+        fast_subscriptions = [subscribe(fast.url) for _ in range(6)]
+        for _ in range(6):
+            ping(slow_subscription)
+        dispatcher.start()
+        started = time.monotonic()
+        assert slow.wait_for(1)
+        for subscription in fast_subscriptions:
+            ping(subscription)
+        assert fast.wait_for(6, seconds=2.5)
+        assert max(r.arrived_at for r in fast.received) - started < 2.0
+        assert len(slow.received) == 1  # its other events wait for its one attempt to end
+    finally:
+        dispatcher.stop()
+        slow.stop()
+        fast.stop()

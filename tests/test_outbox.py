@@ -172,16 +172,45 @@ def test_an_expired_lease_is_claimed_again_with_the_same_event_and_attempt(subsc
     assert delivery(event.id).due_at == NOW + 2 * LEASE
 
 
+def subscriptions_of(subscription, count: int) -> list:
+    """`subscription` and count - 1 more of its organization: each may have one delivery in flight."""
+    return [subscription] + [create_subscription(subscription.organization, f"http://93.184.215.14/{n}",
+                                                 None, NOW) for n in range(count - 1)]
+
+
 def test_claims_take_the_earliest_due_first(subscription):
-    late, early, middle = ping(subscription, NOW + 2), ping(subscription, NOW), ping(subscription, NOW + 1)
+    first, second, third = subscriptions_of(subscription, 3)
+    late, early, middle = ping(first, NOW + 2), ping(second, NOW), ping(third, NOW + 1)
     assert [claim_one(NOW + 10).event_id for _ in range(3)] == [early.id, middle.id, late.id]
 
 
 def test_claims_are_limited_to_the_earliest_due(subscription):
-    events = [ping(subscription, NOW + offset) for offset in (5, 3, 1, 4, 2)]
+    events = [ping(each, NOW + offset)
+              for each, offset in zip(subscriptions_of(subscription, 5), (5, 3, 1, 4, 2))]
     claimed = {claim.event_id for claim in claim_due(NOW + 10, 2, LEASE)}
     assert claimed == {events[2].id, events[4].id}
     assert Delivery.select().where(Delivery.state == "pending").count() == 3
+
+
+def test_a_subscription_has_at_most_one_delivery_in_flight(subscription):
+    oldest, newer = ping(subscription, NOW), ping(subscription, NOW + 1)
+    assert [claim.event_id for claim in claim_due(NOW + 10, 10, LEASE)] == [oldest.id]
+    assert claim_due(NOW + 10, 10, LEASE) == []
+    assert delivery(newer.id).state == "pending"
+
+
+def test_the_next_delivery_of_a_subscription_is_claimed_once_the_first_finishes(subscription):
+    oldest, newer = ping(subscription, NOW), ping(subscription, NOW + 1)
+    record_success(claim_one(NOW + 10))
+    assert claim_one(NOW + 10).event_id == newer.id
+
+
+def test_an_expired_lease_frees_the_subscription(subscription):
+    crashed, newer = ping(subscription, NOW), ping(subscription, NOW + 1)
+    claim_one(NOW + 10)  # its process dies; its lease runs to NOW + 10 + LEASE
+    later = NOW + 10 + LEASE + 1
+    assert claim_one(later).event_id == newer.id  # due earlier than the lease expiry
+    assert claim_due(later, 10, LEASE) == []  # one in flight at a time, again
 
 
 @pytest.mark.parametrize("limit", [0, -1])
@@ -304,16 +333,16 @@ def test_auto_disable_dead_letters_the_other_pending_deliveries(subscription, ot
 
 
 def test_a_failure_finishing_after_the_auto_disable_is_dead_lettered(subscription):
-    first, second = ping(subscription), ping(subscription, NOW + 1)
+    ping(subscription)
     fail_streak(subscription, THRESHOLD - 1)
-    disabling, in_flight = claim_one(NOW + 1), claim_one(NOW + 1)
-    disabled = failed(NOW + 10)
-    record_failure(disabling, disabled, NOW + 60_000, THRESHOLD)
-    assert record_failure(in_flight, failed(NOW + 20), NOW + 60_000, THRESHOLD) == (True, None)
-    assert (delivery(in_flight.event_id).state, delivery(in_flight.event_id).due_at) == ("dead", None)
+    stale = claim_one(NOW + 1)  # stuck past its lease, then taken over
+    disabling = claim_one(NOW + 1 + LEASE + 1)
+    disabled = failed(NOW + LEASE + 10)
+    record_failure(disabling, disabled, NOW + 60_000 + LEASE, THRESHOLD)
+    assert record_failure(stale, failed(NOW + LEASE + 20), NOW + 60_000 + LEASE, THRESHOLD) == (False, None)
+    assert (delivery(disabling.event_id).state, delivery(disabling.event_id).due_at) == ("dead", None)
     state = reload(subscription)
     assert (state.active, state.auto_disabled_at) == (False, disabled.finished_at)
-    assert {first.id, second.id} == {disabling.event_id, in_flight.event_id}
 
 
 def test_a_failure_on_a_disabled_subscription_is_dead_lettered(subscription):
@@ -327,11 +356,13 @@ def test_a_failure_on_a_disabled_subscription_is_dead_lettered(subscription):
 
 def test_a_crashed_attempt_is_not_resent_after_the_subscription_is_auto_disabled(subscription):
     ping(subscription)
-    ping(subscription, NOW + 1)
+    crashed = ping(subscription, NOW + 1)
+    (Delivery.update(state=Delivery.IN_FLIGHT, due_at=NOW - 1, lease_token="died-long-ago")
+     .where(Delivery.event == crashed.id).execute())
     fail_streak(subscription, THRESHOLD - 1)
     disabling = claim_one(NOW + 1)
-    claim_one(NOW + 1)  # then its process dies
     record_failure(disabling, failed(NOW + 10), NOW + 60_000, THRESHOLD)
+    assert delivery(crashed.id).state == "dead"
     assert claim_due(NOW + LEASE + 1000, 10, LEASE) == []
 
 

@@ -145,7 +145,8 @@ def test_every_table_round_trips(database):
                                        consecutive_failures=3, auto_disabled_at=BIG_MS, created_at=BIG_MS)
     event = Event.create(id="evt_1", subscription=subscription, kind="vc.test.ping", body=BODY,
                          created_at=BIG_MS)
-    Delivery.create(event=event, state=Delivery.PENDING, attempts=2, due_at=BIG_MS, lease_token=None)
+    Delivery.create(event=event, subscription=subscription, state=Delivery.PENDING, attempts=2,
+                    due_at=BIG_MS, lease_token=None)
     Failure.create(id="fail_1", subscription=subscription, event=event, attempt=2, http_status=None,
                    error="timeout", response_excerpt="", duration_ms=10_000, attempted_at=BIG_MS,
                    next_attempt_at=None)
@@ -159,8 +160,8 @@ def test_every_table_round_trips(database):
                         "consecutive_failures": 3, "auto_disabled_at": BIG_MS, "created_at": BIG_MS}],
         Event: [{"id": "evt_1", "subscription": "wh_1", "kind": "vc.test.ping", "body": BODY,
                  "created_at": BIG_MS}],
-        Delivery: [{"event": "evt_1", "state": "pending", "attempts": 2, "due_at": BIG_MS,
-                    "lease_token": None}],
+        Delivery: [{"event": "evt_1", "subscription": "wh_1", "state": "pending", "attempts": 2,
+                    "due_at": BIG_MS, "lease_token": None}],
         Failure: [{"id": "fail_1", "subscription": "wh_1", "event": "evt_1", "attempt": 2,
                    "http_status": None, "error": "timeout", "response_excerpt": "", "duration_ms": 10_000,
                    "attempted_at": BIG_MS, "next_attempt_at": None}],
@@ -186,7 +187,7 @@ def test_deleting_a_subscription_cascades(database):
     subscription = Subscription.create(id="wh_1", organization=org, url="https://x.example/",
                                        secret="s", created_at=1)
     event = Event.create(id="evt_1", subscription=subscription, kind="k", body=b"{}", created_at=1)
-    Delivery.create(event=event, state=Delivery.PENDING, due_at=1)
+    Delivery.create(event=event, subscription=subscription, state=Delivery.PENDING, due_at=1)
     Failure.create(id="fail_1", subscription=subscription, event=event, attempt=1, error="timeout",
                    response_excerpt="", duration_ms=1, attempted_at=1)
     subscription.delete_instance()

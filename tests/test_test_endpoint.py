@@ -287,9 +287,10 @@ def test_a_subscriptions_list_cursor_is_not_a_failures_cursor(client, auth, subs
 def fail_every_due_delivery(app, now_ms: int) -> None:
     """Record a failed attempt for every due delivery, as the dispatcher would, without sending anything."""
     with app.app_context(), db.connection_context():
-        for claim in claim_due(now_ms, 100, 40_000):
-            outcome = Outcome(False, 500, "http_status", "", 5, now_ms, now_ms + 5)
-            record_failure(claim, outcome, now_ms + 60_000, 20)
+        while claims := claim_due(now_ms, 100, 40_000):  # one per subscription at a time
+            for claim in claims:
+                outcome = Outcome(False, 500, "http_status", "", 5, now_ms, now_ms + 5)
+                record_failure(claim, outcome, now_ms + 60_000, 20)
 
 
 def test_one_subscriptions_failures_cursor_is_refused_for_another(app, client, auth, subscription):
