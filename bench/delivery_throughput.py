@@ -1,0 +1,105 @@
+"""delivery_throughput: drain a backlog of test pings over 100 subscriptions into a fast receiver,
+and compare with a plain `requests` loop of the same concurrency against the same receiver.
+
+The backlog is queued through the API (POST .../test) with the scheduler off, then the service is
+restarted with it on, and only the drain is timed: (deliveries - 1) / (last arrival - first arrival),
+from the receiver's own timestamps, the same way for the service and for the baseline.
+"""
+
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+
+from harness import (BENCH_DIR, SERVICE_ENV, Partner, Receiver, Service, at_least, cpu_seconds, info,
+                     pick, ping_many, profiled, report, workdir)
+
+EVENTS = pick(10_000, 500)
+SUBSCRIPTIONS = 100
+# The service's PARTNER_DELIVERY_CONCURRENCY (default 8): the baseline loop gets as many threads.
+CONCURRENCY = int(SERVICE_ENV.get("PARTNER_DELIVERY_CONCURRENCY", 8))
+DRAIN_TIMEOUT = pick(600, 60)
+
+
+def rate(arrivals: list[float]) -> float:
+    return (len(arrivals) - 1) / (max(arrivals) - min(arrivals))
+
+
+def queue_backlog(tmp, receiver: Receiver, events: int) -> float:
+    """Subscriptions and `events` due test pings in a database of `tmp`; returns seconds spent queueing."""
+    quiet = Service(tmp, {"PARTNER_SCHEDULER_ENABLED": "false"}, name="enqueue")
+    key = quiet.create_key()
+    with quiet:
+        partner = Partner(quiet, key)
+        subscriptions = [partner.subscribe(receiver.url(f"/ok/{n}")) for n in range(SUBSCRIPTIONS)]
+        partner.close()
+        return ping_many(quiet, key, subscriptions, events)
+
+
+def children_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def baseline(receiver: Receiver, keep_alive: bool) -> tuple[float, float]:
+    """Requests/s of the plain loop, and its CPU milliseconds per request."""
+    receiver.reset()
+    args = [sys.executable, str(BENCH_DIR / "requests_loop.py"), receiver.url("/ok/baseline"),
+            "--count", str(EVENTS), "--threads", str(CONCURRENCY)]
+    cpu_before = children_cpu_seconds()
+    subprocess.run(args + (["--keep-alive"] if keep_alive else []), check=True, timeout=DRAIN_TIMEOUT,
+                   stdout=subprocess.DEVNULL)
+    cpu_ms = (children_cpu_seconds() - cpu_before) * 1000 / EVENTS
+    receiver.wait_for_count(EVENTS, 10)
+    return rate([at for _, at in receiver.arrivals.values()]), cpu_ms
+
+
+def receiver_alone(receiver: Receiver) -> float | None:
+    """wrk, one new connection per request, against the receiver: its own ceiling."""
+    if not shutil.which("wrk"):
+        return None
+    with tempfile.NamedTemporaryFile("w", suffix=".lua") as script:
+        script.write('wrk.method = "POST"\nwrk.body = string.rep("x", 320)\n'
+                     'wrk.headers["Content-Type"] = "application/json"\n')
+        script.flush()
+        output = subprocess.run(["wrk", "-t1", f"-c{CONCURRENCY}", f"-d{pick(3, 1)}s", "-s", script.name,
+                                 "-H", "Connection: close", receiver.url("/ok/wrk")],
+                                capture_output=True, text=True, timeout=30, check=True).stdout
+    return float(next(line for line in output.splitlines() if line.startswith("Requests/sec")).split()[1])
+
+
+def main() -> dict:
+    with workdir("throughput") as tmp, Receiver() as receiver:
+        enqueue_seconds = queue_backlog(tmp, receiver, EVENTS)
+        receiver.reset()
+        service = Service(tmp)
+        with service, profiled(service, "delivery_throughput"):
+            worker = service.worker_pid()
+            cpu_before = cpu_seconds(worker)  # the drain has just begun: boot is done
+            drained = receiver.wait_for_count(EVENTS, DRAIN_TIMEOUT)
+            service_cpu_ms = (cpu_seconds(worker) - cpu_before) * 1000 / EVENTS
+            arrivals = [at for _, at in receiver.arrivals.values()]
+        if not drained:
+            raise RuntimeError(f"only {len(arrivals)} of {EVENTS} deliveries within {DRAIN_TIMEOUT} s")
+        service_rate = rate(arrivals)
+        plain_rate, plain_cpu_ms = baseline(receiver, keep_alive=False)
+        keep_alive_rate, _ = baseline(receiver, keep_alive=True)
+        ceiling = receiver_alone(receiver)
+    figures = [
+        info("service drain", service_rate, "deliveries/s"),
+        info(f"plain requests loop, {CONCURRENCY} threads", plain_rate, "requests/s"),
+        at_least("ratio service / requests loop", service_rate / plain_rate, "", 0.5),
+        info("service worker CPU per delivery", service_cpu_ms, "ms"),
+        info("requests loop CPU per request", plain_cpu_ms, "ms"),
+        info("requests loop with keep-alive (reference)", keep_alive_rate, "requests/s"),
+        info("enqueue through the API, 8 clients", EVENTS / enqueue_seconds, "pings/s"),
+    ]
+    if ceiling is not None:
+        figures.append(info("receiver alone (wrk, new connection each)", ceiling, "requests/s"))
+    return report("delivery_throughput", figures,
+                  {"events": EVENTS, "subscriptions": SUBSCRIPTIONS, "concurrency": CONCURRENCY})
+
+
+if __name__ == "__main__":
+    main()

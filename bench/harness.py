@@ -1,0 +1,455 @@
+"""What every bench shares: the service as `make run` starts it, the fast receiver, the API calls
+that set up a workload, percentiles, and the report (a printed table and a JSON file).
+
+Everything runs on 127.0.0.1. Every process started here is stopped by the context manager that
+started it, also when the bench fails.
+"""
+
+import json
+import math
+import os
+import platform
+import shutil
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import requests
+
+BENCH_DIR = Path(__file__).resolve().parent
+REPO = BENCH_DIR.parent
+# The tree whose service is measured. Defaults to this repo; point it at a patched copy to
+# measure a candidate fix with the same benches (the copy's own .venv is not needed).
+SERVICE_ROOT = Path(os.environ.get("BENCH_SERVICE_ROOT") or REPO).resolve()
+BIN = Path(sys.executable).parent  # benches run with .venv/bin/python: gunicorn and flask live beside it
+QUICK = os.environ.get("BENCH_QUICK") == "1"
+# Extra environment for every service the benches start, as JSON, to measure a configuration:
+# BENCH_SERVICE_ENV='{"PARTNER_DELIVERY_CONCURRENCY": "32"}'. Recorded in each result.
+SERVICE_ENV = json.loads(os.environ.get("BENCH_SERVICE_ENV") or "{}")
+RESULTS_DIR = Path(os.environ.get("BENCH_RESULTS_DIR") or BENCH_DIR / "results")
+LOOPBACK = "127.0.0.1"
+API = "/api/v1/partner"
+BOOT_SECONDS = 20
+STOP_SECONDS = 15
+BIG_RATE_LIMIT = 100_000_000  # the per-organization budget would otherwise throttle the load
+
+
+def _exit_on_sigterm(signum, _frame):
+    # SIGTERM (run_all stopping a bench, a CI timeout) unwinds like an exception, so every
+    # try/finally and context manager stops the servers and receivers it started.
+    raise SystemExit(128 + signum)
+
+
+signal.signal(signal.SIGTERM, _exit_on_sigterm)
+
+
+def pick(full, quick):
+    """The full-mode value, or the quick one under BENCH_QUICK=1."""
+    return quick if QUICK else full
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind((LOOPBACK, 0))
+        return sock.getsockname()[1]
+
+
+def http_session() -> requests.Session:
+    session = requests.Session()
+    session.trust_env = False  # no proxy variables: loopback only
+    return session
+
+
+# --- the service ----------------------------------------------------------------------------------
+
+class Service:
+    """One gunicorn as `make run` starts it (`gunicorn wsgi:app` from the repo root, gunicorn.conf.py
+    picked up), on a free port, with its own SQLite file in `workdir`."""
+
+    def __init__(self, workdir: Path, env: dict | None = None, app: str = "wsgi:app",
+                 name: str = "service", database: Path | None = None):
+        self.workdir = Path(workdir)
+        self.name = name
+        self.app = app
+        self.port = free_port()
+        self.database = database or self.workdir / "bench.sqlite3"
+        self.env = {k: v for k, v in os.environ.items()
+                    if not k.startswith(("PARTNER_", "GUNICORN_", "FLASK_", "BENCH_"))}
+        self.env.update(PORT=str(self.port), PYTHONUNBUFFERED="1",
+                        PARTNER_DATABASE_URL=f"sqlite:///{self.database}",
+                        PARTNER_WEBHOOK_ALLOWED_NETWORKS='["127.0.0.0/8"]')
+        self.env.update(env or {})
+        self.env.update(SERVICE_ENV)
+        self.process: subprocess.Popen | None = None
+        self.base_url = f"http://{LOOPBACK}:{self.port}"
+
+    def flask(self, *args: str) -> str:
+        """Run an operator command (`flask ...`) against this service's database; its stdout."""
+        result = subprocess.run([str(BIN / "flask"), *args], cwd=SERVICE_ROOT, env=self.env,
+                                capture_output=True, text=True, timeout=60)
+        if result.returncode != 0:
+            raise RuntimeError(f"flask {' '.join(args[:2])} failed: {result.stderr}")
+        return result.stdout
+
+    def create_key(self, org: str = "bench", scopes=("webhooks:manage",),
+                   rate_limit: int = BIG_RATE_LIMIT) -> str:
+        """`flask keys create`; the full key is the last line of stdout."""
+        args = ["keys", "create", "--org", org, "--rate-limit", str(rate_limit)]
+        for scope in scopes:
+            args += ["--scope", scope]
+        return self.flask(*args).strip().splitlines()[-1]
+
+    def start(self) -> "Service":
+        measured_revision()  # the code this gunicorn loads, not whatever is there when the bench ends
+        self.log_out = open(self.workdir / f"{self.name}.out", "ab")
+        self.log_err = open(self.workdir / f"{self.name}.err", "ab")
+        self.process = subprocess.Popen([str(BIN / "gunicorn"), "--no-control-socket", self.app],
+                                        cwd=SERVICE_ROOT, env=self.env, stdout=self.log_out,
+                                        stderr=self.log_err, start_new_session=True)
+        self.wait_until_serving()
+        return self
+
+    def wait_until_serving(self) -> None:
+        deadline = time.monotonic() + BOOT_SECONDS
+        with http_session() as session:
+            while time.monotonic() < deadline:
+                if self.process.poll() is not None:
+                    raise RuntimeError(f"{self.name} exited with {self.process.returncode}:\n"
+                                       f"{self.stderr()[-3000:]}")
+                try:
+                    session.get(self.base_url + "/", timeout=2)
+                    return
+                except (requests.ConnectionError, requests.Timeout):
+                    time.sleep(0.05)
+        raise RuntimeError(f"{self.name} did not serve within {BOOT_SECONDS} s:\n{self.stderr()[-3000:]}")
+
+    def stderr(self) -> str:
+        return (self.workdir / f"{self.name}.err").read_text(errors="replace")
+
+    def worker_pid(self) -> int:
+        """The gunicorn worker: the master's one child process."""
+        children = child_pids(self.process.pid)
+        if len(children) != 1:
+            raise RuntimeError(f"expected one gunicorn worker, found {children}")
+        return children[0]
+
+    def stop(self) -> None:
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=STOP_SECONDS)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)  # its own session: master and worker
+                self.process.wait(timeout=STOP_SECONDS)
+        self.log_out.close()
+        self.log_err.close()
+        self.process = None
+
+    def __enter__(self) -> "Service":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def child_pids(pid: int) -> list[int]:
+    children = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                children.append(int(entry))
+    return children
+
+
+def memory_kib(pid: int) -> dict[str, int]:
+    """VmRSS and VmHWM (peak RSS) of a process, in KiB."""
+    values = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        name, _, rest = line.partition(":")
+        if name in ("VmRSS", "VmHWM"):
+            values[name] = int(rest.split()[0])
+    return values
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time a process has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@contextmanager
+def workdir(prefix: str):
+    path = Path(tempfile.mkdtemp(prefix=f"bench-{prefix}-"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+# --- the receiver -------------------------------------------------------------------------------
+
+class Receiver:
+    """bench/receiver.py in its own process; arrivals stream back on its stdout."""
+
+    def __init__(self):
+        self.arrivals: dict[str, tuple[str, float]] = {}
+        self.count = 0
+        self._changed = threading.Condition()
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> "Receiver":
+        self.process = subprocess.Popen([sys.executable, str(BENCH_DIR / "receiver.py")],
+                                        stdout=subprocess.PIPE, start_new_session=True)
+        first = self.process.stdout.readline().split()
+        if first[:1] != [b"PORT"]:
+            self.stop()
+            raise RuntimeError("the receiver did not start")
+        self.port = int(first[1])
+        threading.Thread(target=self._read, daemon=True).start()
+        return self
+
+    def url(self, path: str) -> str:
+        return f"http://{LOOPBACK}:{self.port}{path}"
+
+    def _read(self) -> None:
+        for line in self.process.stdout:
+            event_id, path, at = line.decode().split()
+            with self._changed:
+                self.arrivals.setdefault(event_id, (path, float(at)))  # the first arrival counts
+                self.count += 1
+                self._changed.notify_all()
+
+    def wait_for_count(self, count: int, timeout: float) -> bool:
+        with self._changed:
+            return self._changed.wait_for(lambda: self.count >= count, timeout)
+
+    def wait_for_event(self, event_id: str, timeout: float) -> float | None:
+        """The arrival time (monotonic) of the event, or None if it did not come in time."""
+        with self._changed:
+            self._changed.wait_for(lambda: event_id in self.arrivals, timeout)
+            arrival = self.arrivals.get(event_id)
+        return arrival[1] if arrival else None
+
+    def reset(self) -> None:
+        with self._changed:
+            self.arrivals.clear()
+            self.count = 0
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=5)
+
+    def __enter__(self) -> "Receiver":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+# --- the API, as a partner calls it ---------------------------------------------------------------
+
+class Partner:
+    """A keep-alive HTTP client of the service with one API key."""
+
+    def __init__(self, service: Service, key: str):
+        self.service = service
+        self.base = service.base_url + API
+        self.session = http_session()
+        self.session.headers["Authorization"] = f"Bearer {key}"
+
+    def subscribe(self, url: str) -> dict:
+        response = self.session.post(f"{self.base}/webhooks", json={"url": url}, timeout=30)
+        if response.status_code != 201:
+            self.fail("POST /webhooks", response)
+        return response.json()
+
+    def ping(self, subscription: dict) -> str:
+        """POST .../test; the queued event's id."""
+        response = self.session.post(f"{self.base}/webhooks/{subscription['id']}/test",
+                                     json={"secret": subscription["secret"]}, timeout=30)
+        if response.status_code != 202:
+            self.fail("POST /webhooks/{id}/test", response)
+        return response.json()["id"]
+
+    def fail(self, what: str, response: requests.Response):
+        raise RuntimeError(f"{what}: {response.status_code} {response.text[:300]}\n"
+                           f"server log (tail):\n{self.service.stderr()[-3000:]}")
+
+    def close(self) -> None:
+        self.session.close()
+
+
+def ping_many(service: Service, key: str, subscriptions: list[dict], count: int,
+              threads: int = 8) -> float:
+    """Queue `count` test pings round-robin over `subscriptions` through the API; returns seconds."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def worker(offset: int) -> None:
+        partner = Partner(service, key)
+        try:
+            for i in range(offset, count, threads):
+                partner.ping(subscriptions[i % len(subscriptions)])
+        finally:
+            partner.close()
+
+    started = time.monotonic()
+    with ThreadPoolExecutor(threads) as pool:
+        for future in [pool.submit(worker, offset) for offset in range(threads)]:
+            future.result()
+    return time.monotonic() - started
+
+
+# --- figures and the report -----------------------------------------------------------------------
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100) of a non-empty list."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
+
+
+@dataclass
+class Figure:
+    name: str
+    value: float
+    unit: str
+    target: str = ""  # e.g. "≥ 0.70"; empty for context figures
+    passed: bool | None = None  # None: not a target
+
+
+def at_least(name, value, unit, bound) -> Figure:
+    return Figure(name, value, unit, f"≥ {bound}", value >= bound)
+
+
+def at_most(name, value, unit, bound) -> Figure:
+    return Figure(name, value, unit, f"≤ {bound}", value <= bound)
+
+
+def below(name, value, unit, bound) -> Figure:
+    return Figure(name, value, unit, f"< {bound}", value < bound)
+
+
+def info(name, value, unit) -> Figure:
+    return Figure(name, value, unit)
+
+
+def machine() -> dict:
+    meminfo = Path("/proc/meminfo").read_text().splitlines()
+    mem_kib = int(next(line for line in meminfo if line.startswith("MemTotal")).split()[1])
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor() or "unknown")
+    return {"cores": os.cpu_count(), "memory_gib": round(mem_kib / 1024 ** 2, 1), "cpu": cpu,
+            "kernel": platform.release(), "python": platform.python_version(),
+            "sqlite": sqlite3.sqlite_version}
+
+
+def revision() -> str:
+    """The measured tree's git commit, with `+changes` when its working tree differs."""
+    def git(*args):
+        return subprocess.run(["git", "--no-optional-locks", *args], cwd=SERVICE_ROOT,
+                              capture_output=True, text=True, timeout=10).stdout.strip()
+    try:
+        commit = git("rev-parse", "--short", "HEAD")
+        if commit and git("rev-parse", "--show-toplevel") == str(SERVICE_ROOT):
+            return commit + ("+changes" if git("status", "--porcelain", "--untracked-files=no") else "")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return "unknown"
+
+
+_measured_revision: list[str] = []
+
+
+def measured_revision() -> str:
+    """revision() when the bench first started a service (or first asked), then always that."""
+    if not _measured_revision:
+        _measured_revision.append(revision())
+    return _measured_revision[0]
+
+
+def fmt(value: float) -> str:
+    if isinstance(value, float) and not value.is_integer():
+        return f"{value:,.3f}" if abs(value) < 10 else f"{value:,.1f}"
+    return f"{int(value):,}"
+
+
+def verdict(figure: Figure) -> str:
+    return "" if figure.passed is None else ("PASS" if figure.passed else "MISS")
+
+
+def table(rows: list[list[str]], header: list[str]) -> str:
+    widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
+    line = lambda row: "  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip()
+    return "\n".join([line(header), line(["-" * w for w in widths]), *map(line, rows)])
+
+
+def report(bench: str, figures: list[Figure], parameters: dict, details: dict | None = None) -> dict:
+    """Print the bench's table and write bench/results/<bench>.json."""
+    result = {
+        "bench": bench,
+        "mode": "quick" if QUICK else "full",
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "machine": machine(),
+        "parameters": parameters,
+        "service": {"root": str(SERVICE_ROOT), "revision": measured_revision(), "env": SERVICE_ENV},
+        "figures": [asdict(figure) for figure in figures],
+        "details": details or {},
+    }
+    m = result["machine"]
+    print(f"\n== {bench} ({result['mode']} mode) — {result['date']} — {m['cores']} cores, "
+          f"{m['memory_gib']} GiB, {m['cpu']}, Python {m['python']}, SQLite {m['sqlite']}")
+    print(f"   service {result['service']['revision']}"
+          + (f" with {SERVICE_ENV}" if SERVICE_ENV else "") + "; "
+          + ", ".join(f"{k}={v}" for k, v in parameters.items()))
+    rows = [[f.name, fmt(f.value), f.unit, f.target, verdict(f)] for f in figures]
+    print(table(rows, ["figure", "value", "unit", "target", ""]))
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    (RESULTS_DIR / f"{bench}.json").write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+# --- optional profiling ---------------------------------------------------------------------------
+
+@contextmanager
+def profiled(service: Service, name: str):
+    """With BENCH_PROFILE=1 (all running threads) or BENCH_PROFILE=gil (only the thread holding the
+    GIL: where the CPU goes) and py-spy installed (`.venv/bin/pip install py-spy`), sample the worker
+    while the block runs into bench/results/<name>.folded (collapsed stacks, for speedscope)."""
+    mode = os.environ.get("BENCH_PROFILE")
+    spy = shutil.which("py-spy") or (str(BIN / "py-spy") if (BIN / "py-spy").exists() else None)
+    if mode not in ("1", "gil") or not spy:
+        yield
+        return
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    output = RESULTS_DIR / f"{name}.folded"
+    args = [spy, "record", "--pid", str(service.worker_pid()), "--rate", "250", "--format", "raw",
+            "--threads", "-o", str(output)] + (["--gil"] if mode == "gil" else [])
+    process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        yield
+    finally:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=5)
