@@ -185,8 +185,9 @@ class Delivery(BaseModel):
 
 # Literal, not bound parameters: SQLite uses a partial index only for a query that repeats its
 # WHERE clause word for word, so the claim query and the index share this one fragment.
-IS_OPEN = SQL("\"state\" IN ('pending', 'in_flight')")
-IS_IN_FLIGHT = SQL("\"state\" = 'in_flight'")
+OPEN_CONDITION = "\"state\" IN ('pending', 'in_flight')"
+IN_FLIGHT_CONDITION = "\"state\" = 'in_flight'"
+IS_OPEN, IS_IN_FLIGHT = SQL(OPEN_CONDITION), SQL(IN_FLIGHT_CONDITION)
 Delivery.add_index(ModelIndex(Delivery, (Delivery.due_at,), name="delivery_due_at").where(IS_OPEN))
 Delivery.add_index(ModelIndex(Delivery, (Delivery.subscription,), name="delivery_in_flight")
                    .where(IS_IN_FLIGHT))
