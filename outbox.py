@@ -37,6 +37,7 @@ _RESET_STREAK = ('UPDATE subscription SET consecutive_failures = 0 '
 
 
 def _run(sql: str, params, ids: int = 0, lock: str = ""):
+    """Execute one of the statements above: {p} is the driver's placeholder, {ids} a list of them."""
     p = db.param
     return db.execute_sql(sql.format(p=p, ids=", ".join([p] * ids), lock=lock), tuple(params))
 
