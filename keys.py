@@ -7,7 +7,7 @@ import secrets
 from dataclasses import dataclass
 
 from errors import ValidationError, field_error
-from models import ApiKey, Organization, db, new_id, random_token
+from models import ApiKey, Organization, db, new_id, random_token, run_sql
 
 KEY_PREFIX = "vck_"
 KEY_ID_LENGTH = 20
@@ -66,12 +66,12 @@ def find_active_key(full_key: str) -> ApiKey | None:
 _KEY_LOOKUP = ('SELECT k.key_id, k.secret_hash, k.scopes, k.created_at, k.revoked_at, '
                'o.id, o.slug, o.rate_limit_per_minute, o.created_at '
                'FROM api_key AS k JOIN organization AS o ON o.id = k.organization_id '
-               'WHERE k.key_id = {param}')
+               'WHERE k.key_id = {p}')
 
 
 def _load_key(key_id: str) -> ApiKey | None:
     """The key (revoked or not) with its organization, in one query."""
-    row = db.execute_sql(_KEY_LOOKUP.format(param=db.param), (key_id,)).fetchone()
+    row = run_sql(_KEY_LOOKUP, (key_id,)).fetchone()
     if row is None:
         return None
     org = Organization(id=row[5], slug=row[6], rate_limit_per_minute=row[7], created_at=row[8])

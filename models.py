@@ -92,6 +92,13 @@ def is_sqlite() -> bool:
     return isinstance(db.obj, SqliteDatabase)
 
 
+def run_sql(template: str, params, ids: int = 0, **parts: str):
+    """Execute a hand-written, portable statement of a hot path: {p} is the driver's placeholder,
+    {ids} a list of `ids` of them, any other {name} a fixed SQL part from `parts`."""
+    p = db.param
+    return db.execute_sql(template.format(p=p, ids=", ".join([p] * ids), **parts), tuple(params))
+
+
 # SQLite allows one writer. Writers of this process queue on this lock instead of in SQLite's busy
 # handler, which sleeps in steps of 1 to 100 ms and starves a busy process; other processes still
 # wait in the busy handler. Re-entrant, so write transactions nest.

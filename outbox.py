@@ -10,7 +10,7 @@ import uuid
 from dataclasses import dataclass
 
 from models import (IN_FLIGHT_CONDITION, IS_OPEN, OPEN_CONDITION, Delivery, Event, Failure,
-                    Subscription, db, is_sqlite, new_id, random_token, write_transaction)
+                    Subscription, is_sqlite, new_id, random_token, run_sql, write_transaction)
 from pagination import keyset_page
 from retry import reaches_auto_disable
 from timestamps import iso
@@ -19,8 +19,8 @@ TEST_PING = "vc.test.ping"
 
 # Every attempt runs these, so they are written once as SQL rather than built by the ORM each time:
 # peewee spent more of the dispatcher's CPU compiling them than SQLite spent running them
-# (bench/delivery_throughput). Portable, like keys._KEY_LOOKUP; the state conditions are the
-# partial indexes' own (models), so the indexes still apply.
+# (bench/delivery_throughput). Portable, like keys._KEY_LOOKUP, and run by models.run_sql; the
+# state conditions are the partial indexes' own (models), so the indexes still apply.
 _CLAIM = ('UPDATE delivery SET state = {p}, due_at = {p}, lease_token = {p} WHERE event_id IN '
           f'(SELECT event_id FROM delivery WHERE {OPEN_CONDITION} '
           'AND due_at <= {p} AND subscription_id NOT IN (SELECT subscription_id FROM delivery '
@@ -34,12 +34,6 @@ _FINISH = ('UPDATE delivery SET state = {p}, attempts = {p}, due_at = {p}, lease
            'WHERE event_id = {p} AND lease_token = {p}')
 _RESET_STREAK = ('UPDATE subscription SET consecutive_failures = 0 '
                  'WHERE id = {p} AND consecutive_failures <> 0')
-
-
-def _run(sql: str, params, ids: int = 0, lock: str = ""):
-    """Execute one of the statements above: {p} is the driver's placeholder, {ids} a list of them."""
-    p = db.param
-    return db.execute_sql(sql.format(p=p, ids=", ".join([p] * ids), lock=lock), tuple(params))
 
 
 @dataclass(frozen=True)
@@ -97,18 +91,18 @@ def claim_due(now_ms: int, limit: int, lease_ms: int) -> list[Claim]:
     token = random_token(22)
     lock = "" if is_sqlite() else " FOR UPDATE SKIP LOCKED"
     with write_transaction():
-        attempts = dict(_run(_CLAIM, (Delivery.IN_FLIGHT, now_ms + lease_ms, token, now_ms, now_ms,
+        attempts = dict(run_sql(_CLAIM, (Delivery.IN_FLIGHT, now_ms + lease_ms, token, now_ms, now_ms,
                                       limit), lock=lock).fetchall())
         if not attempts:
             return []
-        rows = _run(_CLAIMED, attempts, ids=len(attempts)).fetchall()
+        rows = run_sql(_CLAIMED, attempts, ids=len(attempts)).fetchall()
         chosen = {}
         for row in sorted(rows, key=lambda row: row[3]):  # each subscription's oldest goes now
             chosen.setdefault(row[4], row)
         kept = {row[0] for row in chosen.values()}
         released = [event_id for event_id in attempts if event_id not in kept]
         if released:  # their subscription already has one in this batch: due again at once
-            _run(_RELEASE, (Delivery.PENDING, now_ms, token, *released), ids=len(released))
+            run_sql(_RELEASE, (Delivery.PENDING, now_ms, token, *released), ids=len(released))
     # The attempt number is written only when it finishes: an attempt cut short by a crash is
     # made again under the same number.
     return [Claim(event_id, kind, bytes(body), attempts[event_id] + 1, token, subscription_id, url,
@@ -121,7 +115,7 @@ def record_success(claim: Claim) -> bool:
     with write_transaction():
         if not _finish(claim, Delivery.DELIVERED, None):
             return False
-        _run(_RESET_STREAK, (claim.subscription_id,))
+        run_sql(_RESET_STREAK, (claim.subscription_id,))
     return True
 
 
@@ -167,7 +161,8 @@ def _holds_lease(claim: Claim) -> bool:
 
 def _finish(claim: Claim, state: str, due_at: int | None) -> bool:
     """Write the attempt's result if the lease is still ours."""
-    return _run(_FINISH, (state, claim.attempt, due_at, claim.event_id, claim.lease_token)).rowcount > 0
+    params = (state, claim.attempt, due_at, claim.event_id, claim.lease_token)
+    return run_sql(_FINISH, params).rowcount > 0
 
 
 def _auto_disable(subscription: Subscription, now_ms: int) -> None:
