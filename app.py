@@ -6,6 +6,7 @@ import logging
 from flask import Blueprint, Flask, current_app, g, request
 
 import ssrf
+from apidocs import docs
 from auth import authenticate, require_scope
 from cli import keys_cli
 from config import load_config
@@ -42,6 +43,7 @@ def create_app(overrides: dict | None = None) -> Flask:
     app.teardown_request(_close_connection)
     register_error_handlers(app)
     app.register_blueprint(api)
+    app.register_blueprint(docs)
     app.cli.add_command(keys_cli)
     return app
 

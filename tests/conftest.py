@@ -7,6 +7,7 @@ import pytest
 from app import create_app
 from keys import create_key
 from models import db
+from tests.contract import ContractClient
 
 ALLOWED_LOOPBACK = ["127.0.0.0/8"]
 
@@ -65,7 +66,9 @@ def config(request, database_url, clock, resolver):
 
 @pytest.fixture
 def app(config):
-    return create_app(config)
+    app = create_app(config)
+    app.test_client_class = ContractClient  # every response is checked against openapi.yaml
+    return app
 
 
 @pytest.fixture
