@@ -70,7 +70,7 @@ def test_each_operation_names_the_one_scope_its_view_requires(app, path, method,
 
 @pytest.mark.parametrize("path, method, operation", OPERATIONS, ids=OPERATION_IDS)
 def test_every_operation_documents_auth_rate_limit_and_outage(path, method, operation):
-    assert {"401", "429", "503"} <= statuses(operation)
+    assert {"401", "414", "429", "503"} <= statuses(operation)
     success = next(status for status in statuses(operation) if status.startswith("2"))
     assert {"X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset", "RateLimit-Policy",
             "RateLimit"} <= set(operation["responses"][success]["headers"])
