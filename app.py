@@ -13,6 +13,7 @@ from config import load_config
 from delivery import Dispatcher
 from errors import ApiError, register_error_handlers
 from keys import IDENTITY_READ, WEBHOOKS_MANAGE
+from lookups import Lookups
 from models import db, open_database
 from outbox import TEST_PING, enqueue_test_ping, failures_page
 from pagination import cursor_key, encode_cursor, read_page_args
@@ -22,6 +23,10 @@ from timestamps import iso, now_ms, to_ms
 from validation import Field, read_json_object, validate
 
 log = logging.getLogger(__name__)
+
+# How long creating a subscription waits for its host's DNS answer: a name that does not answer
+# must not hold a request thread (and every request queued behind it) for the resolver's ~10 s.
+CREATE_LOOKUP_SECONDS = 2.0
 
 api = Blueprint("api", __name__, url_prefix="/api/v1/partner")
 
@@ -39,6 +44,7 @@ def create_app(overrides: dict | None = None) -> Flask:
         app.extensions["cursor_key"] = cursor_key()
     app.extensions["rate_limits"] = RateLimits(app)
     app.extensions["delivery"] = Dispatcher(app.config)
+    app.extensions["lookups"] = Lookups(app.config["RESOLVER"], threads=8)
     app.before_request(_open_connection)
     app.teardown_request(_close_connection)
     register_error_handlers(app)
@@ -89,10 +95,13 @@ def me():
 
 def _check_target(url: str) -> tuple[str, str] | None:
     try:
-        ssrf.check_url(url, current_app.config["RESOLVER"], current_app.config["ALLOWED_NETWORKS"])
+        resolve = current_app.extensions["lookups"].within(CREATE_LOOKUP_SECONDS)
+        ssrf.check_url(url, resolve, current_app.config["ALLOWED_NETWORKS"])
     except ssrf.UnsafeUrl as error:
-        # A name that does not resolve now cannot be vetted, so it is as invalid as a malformed URL.
-        return ("invalid_url" if error.code == "unresolvable" else error.code), error.message
+        # A name that does not resolve now (or not in time) cannot be vetted, so it is as invalid
+        # as a malformed URL.
+        code = "invalid_url" if error.code in ("unresolvable", "lookup_timeout") else error.code
+        return code, error.message
     return None
 
 

@@ -1,5 +1,6 @@
 """Configuration: CONTRACT §1's `PARTNER_*` variables, their defaults, and a check at start-up."""
 
+import os
 import time
 
 from flask import Flask
@@ -13,9 +14,12 @@ DEFAULTS = {
     "DELIVERY_RETRY_DELAYS": [60, 300, 1800, 7200, 21600, 86400],
     "DELIVERY_TIMEOUT": 10,
     "DELIVERY_POLL_INTERVAL": 2,
-    "DELIVERY_CONCURRENCY": 8,
+    # Many slots, because an attempt to a hanging endpoint holds one until the deadline; subscriptions
+    # whose last attempt failed may hold only half of them (delivery.py): the rest stay for healthy ones.
+    "DELIVERY_CONCURRENCY": 64,
     "AUTO_DISABLE_THRESHOLD": 20,
     "SCHEDULER_ENABLED": True,
+    "DELIVERY_CA_BUNDLE": "",
     "AUTH_FAILURE_RATE_LIMIT": 60,
     "MAX_CONTENT_LENGTH": 64 * 1024,
     # Seams for tests: the wall clock (Unix seconds) and the DNS resolver. Never read from the environment.
@@ -47,6 +51,9 @@ def check_config(config) -> None:
     _require("SCHEDULER_ENABLED", isinstance(config["SCHEDULER_ENABLED"], bool), "true or false")
     _require("WEBHOOK_ALLOWED_NETWORKS", isinstance(config["WEBHOOK_ALLOWED_NETWORKS"], list),
              'a JSON list of CIDRs, e.g. ["127.0.0.0/8"]')
+    bundle = config["DELIVERY_CA_BUNDLE"]
+    _require("DELIVERY_CA_BUNDLE", isinstance(bundle, str) and (not bundle or os.path.isfile(bundle)),
+             "empty (the default trust store) or the path of a PEM file of CA certificates")
     for name in ("DATABASE_URL", "RATELIMIT_STORAGE_URI"):
         _require(name, isinstance(config[name], str) and "://" in config[name], "a URL")
 

@@ -3,6 +3,13 @@
 One APScheduler job polls every DELIVERY_POLL_INTERVAL seconds; `wake()` runs it at once when an
 event is queued, and every finished attempt refills its slot straight away. Nothing here starts
 on import or in create_app: gunicorn's post_worker_init hook calls `start()`.
+
+Dead endpoints must not starve healthy ones. An attempt to an endpoint that hangs holds its slot
+until the deadline, and before its first timeout nothing tells it from a slow healthy one. So the
+pool is large (DELIVERY_CONCURRENCY, default 64: a thread waiting on a socket costs little), a
+subscription has at most one attempt in flight, and subscriptions whose last attempt failed may
+hold at most half of the slots together: however many endpoints are dead, once they have failed
+once they leave the other half to the healthy ones.
 """
 
 import logging
@@ -16,6 +23,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 import signing
 import ssrf
 import transport
+from lookups import Lookups
 from models import db
 from outbox import Claim, Outcome, claim_due, record_failure, record_success
 from retry import MAX_JITTER, next_attempt_at
@@ -27,6 +35,11 @@ SCAN_JOB = "scan-due-deliveries"
 USER_AGENT = "PartnerWebhooks/1.0"
 # A claim outlives the longest attempt by this much before another scanner may take it over.
 LEASE_MARGIN_SECONDS = 30
+# A finished attempt refills slots once this many are free (or half of them, if fewer): one claim
+# transaction then starts several attempts, instead of one transaction per attempt under load.
+REFILL_BATCH = 8
+# What a refusal of the target at delivery time is recorded as.
+_REFUSALS = {"internal_url": "internal_url", "lookup_timeout": "timeout"}
 
 
 class Dispatcher:
@@ -34,7 +47,8 @@ class Dispatcher:
 
     def __init__(self, config):
         self.clock = config["CLOCK"]
-        self.resolver = config["RESOLVER"]
+        self.lookups = Lookups(config["RESOLVER"])
+        self.transport = transport.Transport(config["DELIVERY_CA_BUNDLE"])
         self.allowed_networks = config["ALLOWED_NETWORKS"]
         self.timeout = config["DELIVERY_TIMEOUT"]
         self.delays = config["DELIVERY_RETRY_DELAYS"]
@@ -43,11 +57,11 @@ class Dispatcher:
         self.poll_interval = config["DELIVERY_POLL_INTERVAL"]
         self.enabled = config["SCHEDULER_ENABLED"]
         self.lease_ms = to_ms(self.timeout + LEASE_MARGIN_SECONDS)
-        # A finished attempt refills slots once this many are free: one claim transaction then
-        # starts several attempts, instead of one transaction per attempt under load.
-        self.refill_at = max(1, self.concurrency // 2)
+        self.refill_at = max(1, min(REFILL_BATCH, self.concurrency // 2))
         self.random = random.Random()
         self._free_slots = self.concurrency
+        # Of those, how many subscriptions whose last attempt failed may still take.
+        self._free_failing_slots = max(1, self.concurrency // 2)
         self._slots_lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
         self._scheduler: BackgroundScheduler | None = None
@@ -88,15 +102,15 @@ class Dispatcher:
 
     def scan(self) -> int:
         """Claim due deliveries into the free slots and start them; returns how many started."""
-        reserved = self._reserve_slots()
+        reserved, failing = self._reserve_slots()
         if not reserved:
             return 0
         claims: list[Claim] = []
         try:
             with db.connection_context():
-                claims = claim_due(self._now_ms(), reserved, self.lease_ms)
+                claims = claim_due(self._now_ms(), reserved, self.lease_ms, failing_limit=failing)
         finally:
-            self._release_slots(reserved - len(claims))
+            self._release_slots(reserved - len(claims), failing - sum(c.failing for c in claims))
         for claim in claims:
             self._pool.submit(self._run_in_slot, claim)
         return len(claims)
@@ -119,18 +133,22 @@ class Dispatcher:
             # The claim's lease expires and the attempt is made again; never lose the slot.
             log.exception("delivery attempt crashed: event=%s", claim.event_id)
         finally:
-            self._release_slots(1)
+            self._release_slots(1, int(claim.failing))
         if self._free_slots >= self.refill_at:
             self.scan()
 
-    def _reserve_slots(self) -> int:
+    def _reserve_slots(self) -> tuple[int, int]:
+        """Take every free slot, and as many of them as failing subscriptions may still use."""
         with self._slots_lock:
             reserved, self._free_slots = self._free_slots, 0
-        return reserved
+            failing = min(reserved, self._free_failing_slots)
+            self._free_failing_slots -= failing
+        return reserved, failing
 
-    def _release_slots(self, count: int) -> None:
+    def _release_slots(self, count: int, failing: int) -> None:
         with self._slots_lock:
             self._free_slots += count
+            self._free_failing_slots += failing
 
     # --- one attempt ---------------------------------------------------------------------------
 
@@ -157,12 +175,15 @@ class Dispatcher:
         return outcome
 
     def _send(self, claim: Claim) -> transport.AttemptResult:
-        """Vet the target again (DNS may have changed) and POST the signed body to a vetted address."""
+        """Vet the target again (DNS may have changed) and POST the signed body to a vetted address,
+        all within one deadline: a lookup that does not answer in time is a timeout."""
+        deadline = transport.Deadline(self.timeout)
         try:
-            target = ssrf.check_url(claim.url, self.resolver, self.allowed_networks)
+            target = ssrf.check_url(claim.url, self.lookups.within(deadline.remaining()),
+                                    self.allowed_networks)
         except ssrf.UnsafeUrl as error:
-            kind = "internal_url" if error.code == "internal_url" else "connection_error"
-            return transport.AttemptResult(False, None, kind, "", 0)
+            kind = _REFUSALS.get(error.code, "connection_error")
+            return transport.AttemptResult(False, None, kind, "", deadline.elapsed_ms())
         headers = {
             "Content-Type": "application/json",
             "User-Agent": USER_AGENT,
@@ -171,7 +192,7 @@ class Dispatcher:
             "X-VC-Event-Id": claim.event_id,
             "X-VC-Attempt": str(claim.attempt),
         }
-        return transport.post(target, claim.body, headers, self.timeout)
+        return self.transport.post(target, claim.body, headers, deadline)
 
     def _now_ms(self) -> int:
         return to_ms(self.clock())

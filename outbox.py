@@ -24,10 +24,13 @@ TEST_PING = "vc.test.ping"
 _CLAIM = ('UPDATE delivery SET state = {p}, due_at = {p}, lease_token = {p} WHERE event_id IN '
           f'(SELECT event_id FROM delivery WHERE {OPEN_CONDITION} '
           'AND due_at <= {p} AND subscription_id NOT IN (SELECT subscription_id FROM delivery '
-          f'WHERE {IN_FLIGHT_CONDITION} AND due_at > {{p}}) ORDER BY due_at LIMIT {{p}}{{lock}}) '
+          f'WHERE {IN_FLIGHT_CONDITION} AND due_at > {{p}}){{healthy}} ORDER BY due_at LIMIT {{p}}{{lock}}) '
           'RETURNING event_id, attempts')
-_CLAIMED = ('SELECT e.id, e.kind, e.body, e.created_at, s.id, s.url, s.secret FROM event AS e '
-            'JOIN subscription AS s ON s.id = e.subscription_id WHERE e.id IN ({ids})')
+# Added to _CLAIM when subscriptions whose last attempt failed may not take another slot.
+_ONLY_HEALTHY = (' AND NOT EXISTS (SELECT 1 FROM subscription AS s WHERE s.id = delivery.subscription_id '
+                 'AND s.consecutive_failures > 0)')
+_CLAIMED = ('SELECT e.id, e.kind, e.body, e.created_at, s.id, s.url, s.secret, s.consecutive_failures '
+            'FROM event AS e JOIN subscription AS s ON s.id = e.subscription_id WHERE e.id IN ({ids})')
 _RELEASE = ('UPDATE delivery SET state = {p}, due_at = {p}, lease_token = NULL '
             'WHERE lease_token = {p} AND event_id IN ({ids})')
 _FINISH = ('UPDATE delivery SET state = {p}, attempts = {p}, due_at = {p}, lease_token = NULL '
@@ -47,6 +50,7 @@ class Claim:
     subscription_id: str
     url: str
     secret: str
+    failing: bool = False  # the subscription's last attempt failed (consecutive_failures > 0)
 
 
 @dataclass(frozen=True)
@@ -82,32 +86,47 @@ def enqueue(subscription: Subscription, kind: str, data: dict, now_ms: int) -> E
     return event
 
 
-def claim_due(now_ms: int, limit: int, lease_ms: int) -> list[Claim]:
+def claim_due(now_ms: int, limit: int, lease_ms: int, failing_limit: int | None = None) -> list[Claim]:
     """Claim up to `limit` due deliveries (pending and due, or in flight with an expired lease)
     for `lease_ms`. Atomic: a due delivery is claimed by exactly one caller, in any process.
-    A subscription has at most one attempt in flight, so one slow target holds one slot at most."""
+    A subscription has at most one attempt in flight, so one slow target holds one slot at most.
+    At most `failing_limit` (None: any number) go to subscriptions whose last attempt failed."""
     if limit <= 0:
         return []
     token = random_token(22)
-    lock = "" if is_sqlite() else " FOR UPDATE SKIP LOCKED"
     with write_transaction():
-        attempts = dict(run_sql(_CLAIM, (Delivery.IN_FLIGHT, now_ms + lease_ms, token, now_ms, now_ms,
-                                      limit), lock=lock).fetchall())
-        if not attempts:
-            return []
-        rows = run_sql(_CLAIMED, attempts, ids=len(attempts)).fetchall()
-        chosen = {}
-        for row in sorted(rows, key=lambda row: row[3]):  # each subscription's oldest goes now
-            chosen.setdefault(row[4], row)
-        kept = {row[0] for row in chosen.values()}
-        released = [event_id for event_id in attempts if event_id not in kept]
-        if released:  # their subscription already has one in this batch: due again at once
+        kept, released = _claim(now_ms, limit, lease_ms, token, only_healthy=failing_limit == 0)
+        over = [claim for claim in kept if claim.failing][failing_limit:] if failing_limit else []
+        if over:  # failing ones came first in due order: the healthy ones behind them go now
+            kept = [claim for claim in kept if claim not in over]
+            more, also_released = _claim(now_ms, limit - len(kept), lease_ms, token, only_healthy=True)
+            kept += more
+            released += [claim.event_id for claim in over] + also_released
+        if released:  # due again at once
             run_sql(_RELEASE, (Delivery.PENDING, now_ms, token, *released), ids=len(released))
+    return kept
+
+
+def _claim(now_ms: int, limit: int, lease_ms: int, token: str,
+           only_healthy: bool) -> tuple[list[Claim], list[str]]:
+    """Mark up to `limit` due deliveries ours: the claims to attempt (one per subscription, its
+    oldest event) and the event ids to release (their subscription already has one here)."""
+    lock = "" if is_sqlite() else " FOR UPDATE SKIP LOCKED"
+    attempts = dict(run_sql(_CLAIM, (Delivery.IN_FLIGHT, now_ms + lease_ms, token, now_ms, now_ms, limit),
+                            lock=lock, healthy=_ONLY_HEALTHY if only_healthy else "").fetchall())
+    if not attempts:
+        return [], []
+    rows = run_sql(_CLAIMED, attempts, ids=len(attempts)).fetchall()
+    chosen = {}
+    for row in sorted(rows, key=lambda row: row[3]):  # each subscription's oldest goes now
+        chosen.setdefault(row[4], row)
     # The attempt number is written only when it finishes: an attempt cut short by a crash is
     # made again under the same number.
-    return [Claim(event_id, kind, bytes(body), attempts[event_id] + 1, token, subscription_id, url,
-                  secret)
-            for event_id, kind, body, _, subscription_id, url, secret in chosen.values()]
+    claims = [Claim(event_id, kind, bytes(body), attempts[event_id] + 1, token, subscription_id, url,
+                    secret, failures > 0)
+              for event_id, kind, body, _, subscription_id, url, secret, failures in chosen.values()]
+    kept = {claim.event_id for claim in claims}
+    return claims, [event_id for event_id in attempts if event_id not in kept]
 
 
 def record_success(claim: Claim) -> bool:

@@ -73,7 +73,8 @@ _FORBIDDEN_CATEGORIES = {"Zs", "Zl", "Zp", "Cc", "Cf", "Cs"}
 
 
 class UnsafeUrl(Exception):
-    """A URL we refuse to send to; `code` is invalid_url, internal_url or unresolvable."""
+    """A URL we refuse to send to; `code` is invalid_url, internal_url, unresolvable or
+    lookup_timeout (the resolver did not answer in the time it was given)."""
 
     def __init__(self, code: str, message: str) -> None:
         super().__init__(f"{code}: {message}")
@@ -228,9 +229,11 @@ def _agreed_request_target(url: str, scheme: str, raw_host: str, bracketed: bool
 
 
 def _lookup(resolve: Resolver, host: str) -> Sequence[str]:
-    """Ask the resolver once; a failure to answer is unresolvable."""
+    """Ask the resolver once; a failure to answer is unresolvable, no answer in time lookup_timeout."""
     try:
         return resolve(host) or ()
+    except TimeoutError:
+        raise UnsafeUrl("lookup_timeout", f"URL host {host!r} did not resolve in time") from None
     except (OSError, UnicodeError):  # getaddrinfo raises UnicodeError for some bad names
         raise UnsafeUrl("unresolvable", f"URL host {host!r} does not resolve") from None
 

@@ -17,7 +17,7 @@ import pytest
 import trustme
 
 from ssrf import Target
-from transport import EXCERPT_BYTES, AttemptResult, post
+from transport import EXCERPT_BYTES, AttemptResult, Deadline, Transport
 
 HOOK_HOST = "hooks.example.test"  # .test never resolves: a request that arrives used no DNS
 HEADERS = {
@@ -37,9 +37,21 @@ def target(
     return Target(f"{scheme}://{shown}:{port}/hooks?a=1", scheme, host, port, "/hooks?a=1", addresses)
 
 
-def timed_post(tgt: Target, timeout: float = TIMEOUT, **kwargs) -> tuple:
+def post(tgt: Target, timeout: float = TIMEOUT, transport: Transport | None = None,
+         clock: Callable[[], float] = time.monotonic) -> AttemptResult:
+    """One attempt, on `transport` (its idle connections, its trust store) or on a fresh one."""
+    if transport is not None:
+        return transport.post(tgt, BODY, HEADERS, Deadline(timeout, clock))
+    once = Transport()
+    try:
+        return once.post(tgt, BODY, HEADERS, Deadline(timeout, clock))
+    finally:
+        once.close()
+
+
+def timed_post(tgt: Target, timeout: float = TIMEOUT, transport: Transport | None = None) -> tuple:
     started = time.monotonic()
-    result = post(tgt, BODY, HEADERS, timeout, **kwargs)
+    result = post(tgt, timeout, transport)
     return result, time.monotonic() - started
 
 
@@ -181,7 +193,7 @@ def refused_port() -> int:
 
 
 def test_2xx_is_ok_with_the_body_as_excerpt(receiver):
-    result = post(target(receiver.port), BODY, HEADERS, TIMEOUT)
+    result = post(target(receiver.port))
 
     assert result == AttemptResult(True, 200, None, "thanks", result.duration_ms)
     assert receiver.received[0].body == BODY
@@ -190,7 +202,7 @@ def test_2xx_is_ok_with_the_body_as_excerpt(receiver):
 def test_204_is_ok(receiver):
     receiver.reply = (204, {}, b"")
 
-    result = post(target(receiver.port), BODY, HEADERS, TIMEOUT)
+    result = post(target(receiver.port))
 
     assert result == AttemptResult(True, 204, None, "", result.duration_ms)
 
@@ -198,7 +210,7 @@ def test_204_is_ok(receiver):
 def test_500_is_an_http_status_failure(receiver):
     receiver.reply = (500, {}, b"boom")
 
-    result = post(target(receiver.port), BODY, HEADERS, TIMEOUT)
+    result = post(target(receiver.port))
 
     assert result == AttemptResult(False, 500, "http_status", "boom", result.duration_ms)
 
@@ -208,7 +220,7 @@ def test_redirect_is_reported_and_never_followed(serve):
     redirecting = serve()
     redirecting.reply = (302, {"Location": f"http://127.0.0.1:{elsewhere.port}/"}, b"moved")
 
-    result = post(target(redirecting.port), BODY, HEADERS, TIMEOUT)
+    result = post(target(redirecting.port))
 
     assert (result.ok, result.http_status, result.error) == (False, 302, "redirect")
     assert elsewhere.received == []
@@ -217,7 +229,7 @@ def test_redirect_is_reported_and_never_followed(serve):
 def test_excerpt_is_the_first_1024_bytes_with_invalid_utf8_replaced(receiver):
     receiver.reply = (400, {}, b"\xff" + b"a" * 5000)
 
-    result = post(target(receiver.port), BODY, HEADERS, TIMEOUT)
+    result = post(target(receiver.port))
 
     assert result.response_excerpt == "\ufffd" + "a" * (EXCERPT_BYTES - 1)
 
@@ -225,7 +237,7 @@ def test_excerpt_is_the_first_1024_bytes_with_invalid_utf8_replaced(receiver):
 def test_duration_comes_from_the_injected_clock(receiver):
     readings = iter([100.0, 100.25])
 
-    result = post(target(receiver.port), BODY, HEADERS, TIMEOUT, clock=lambda: next(readings))
+    result = post(target(receiver.port), clock=lambda: next(readings))
 
     assert result.duration_ms == 250
 
@@ -257,7 +269,7 @@ def test_a_huge_body_is_read_only_up_to_the_cap(serve_raw, status, error):
 
 
 def test_refused_connection_is_a_connection_error():
-    result = post(target(refused_port()), BODY, HEADERS, TIMEOUT)
+    result = post(target(refused_port()))
 
     assert result == AttemptResult(False, None, "connection_error", "", result.duration_ms)
 
@@ -323,7 +335,7 @@ def test_a_server_too_busy_to_accept_times_out_at_the_deadline():
 
 
 def test_connects_to_the_vetted_address_and_sends_the_host_name(receiver):
-    result = post(target(receiver.port, host=HOOK_HOST), BODY, HEADERS, TIMEOUT)
+    result = post(target(receiver.port, host=HOOK_HOST))
 
     assert result.ok
     assert receiver.received[0].path == "/hooks?a=1"
@@ -331,7 +343,7 @@ def test_connects_to_the_vetted_address_and_sends_the_host_name(receiver):
 
 
 def test_sends_exactly_the_given_headers_plus_framing(receiver):
-    post(target(receiver.port, host=HOOK_HOST), BODY, HEADERS, TIMEOUT)
+    post(target(receiver.port, host=HOOK_HOST))
 
     framing = {
         "Host": f"{HOOK_HOST}:{receiver.port}",
@@ -344,7 +356,7 @@ def test_sends_exactly_the_given_headers_plus_framing(receiver):
 def test_falls_back_to_the_next_address_when_one_refuses(receiver):
     first_refuses = target(receiver.port, host=HOOK_HOST, addresses=("127.0.0.2", "127.0.0.1"))
 
-    result = post(first_refuses, BODY, HEADERS, TIMEOUT)
+    result = post(first_refuses)
 
     assert result.ok
     assert len(receiver.received) == 1
@@ -356,7 +368,7 @@ def test_ipv6_addresses_work(serve):
     except OSError:
         pytest.skip("no IPv6 loopback here")
 
-    result = post(target(receiver.port, host="::1", addresses=("::1",)), BODY, HEADERS, TIMEOUT)
+    result = post(target(receiver.port, host="::1", addresses=("::1",)))
 
     assert result.ok
     assert dict(receiver.received[0].headers)["Host"] == f"[::1]:{receiver.port}"
@@ -364,7 +376,7 @@ def test_ipv6_addresses_work(serve):
 
 def test_an_address_that_is_not_an_ip_is_refused_before_any_lookup(receiver):
     with pytest.raises(ValueError):
-        post(target(receiver.port, addresses=(HOOK_HOST,)), BODY, HEADERS, TIMEOUT)
+        post(target(receiver.port, addresses=(HOOK_HOST,)))
 
 
 def test_proxy_variables_are_ignored(receiver, monkeypatch):
@@ -375,7 +387,7 @@ def test_proxy_variables_are_ignored(receiver, monkeypatch):
         monkeypatch.delenv("NO_PROXY", raising=False)
         monkeypatch.delenv("no_proxy", raising=False)
 
-        result = post(target(receiver.port, host=HOOK_HOST), BODY, HEADERS, TIMEOUT)
+        result = post(target(receiver.port, host=HOOK_HOST))
 
         proxy.setblocking(False)
         with pytest.raises(BlockingIOError):
@@ -411,39 +423,48 @@ def tls_receiver(serve, server_tls) -> Receiver:
     return serve(tls=server_tls)
 
 
-def test_tls_verifies_the_certificate_against_the_host_name(tls_receiver, ca_bundle):
+@pytest.fixture
+def tls_transport(ca_bundle) -> Iterator[Transport]:
+    """A transport trusting the test CA, as PARTNER_DELIVERY_CA_BUNDLE configures it."""
+    transport = Transport(ca_bundle)
+    yield transport
+    transport.close()
+
+
+def test_tls_verifies_the_certificate_against_the_host_name(tls_receiver, tls_transport):
     tgt = target(tls_receiver.port, host=HOOK_HOST, scheme="https")
 
-    result = post(tgt, BODY, HEADERS, TIMEOUT, verify=ca_bundle)
+    result = post(tgt, transport=tls_transport)
 
     assert (result.ok, result.http_status) == (True, 200)
     assert dict(tls_receiver.received[0].headers)["Host"] == f"{HOOK_HOST}:{tls_receiver.port}"
 
 
-def test_tls_host_name_mismatch_is_a_tls_error(tls_receiver, ca_bundle):
+def test_tls_host_name_mismatch_is_a_tls_error(tls_receiver, tls_transport):
     tgt = target(tls_receiver.port, host="other.example.test", scheme="https")
 
-    result = post(tgt, BODY, HEADERS, TIMEOUT, verify=ca_bundle)
+    result = post(tgt, transport=tls_transport)
 
     assert (result.ok, result.http_status, result.error) == (False, None, "tls_error")
     assert tls_receiver.received == []
 
 
-def test_a_dripped_body_over_tls_times_out_at_the_deadline(serve_raw, server_tls, ca_bundle):
+def test_a_dripped_body_over_tls_times_out_at_the_deadline(serve_raw, server_tls, tls_transport):
     def headers_then_drip(conn, server):
         conn.recv(65536)
         conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n")
         drip(conn, server, b"z" * 1000)
 
     server = serve_raw(headers_then_drip, tls=server_tls)
-    result, elapsed = timed_post(target(server.port, host=HOOK_HOST, scheme="https"), verify=ca_bundle)
+    result, elapsed = timed_post(target(server.port, host=HOOK_HOST, scheme="https"),
+                                 transport=tls_transport)
 
     assert (result.http_status, result.error) == (200, "timeout")
     assert TIMEOUT <= elapsed < TIMEOUT + MARGIN
 
 
 def test_tls_untrusted_certificate_is_a_tls_error(tls_receiver):
-    result = post(target(tls_receiver.port, host=HOOK_HOST, scheme="https"), BODY, HEADERS, TIMEOUT)
+    result = post(target(tls_receiver.port, host=HOOK_HOST, scheme="https"))
 
     assert (result.ok, result.http_status, result.error) == (False, None, "tls_error")
 
@@ -456,7 +477,7 @@ def open_fds() -> int:
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc")
-def test_fifty_attempts_leak_no_sockets(serve, tls_receiver, ca_bundle, serve_raw):
+def test_fifty_attempts_leak_no_sockets(serve, tls_receiver, tls_transport, serve_raw):
     plain = serve()
     redirecting = serve()
     redirecting.reply = (301, {"Location": "/elsewhere"}, b"moved")
@@ -468,7 +489,7 @@ def test_fifty_attempts_leak_no_sockets(serve, tls_receiver, ca_bundle, serve_ra
         (target(refused_port()), 1.0),
         (target(tls_receiver.port, host=HOOK_HOST, scheme="https"), 1.0),  # ok with the CA below
     ]
-    post(target(plain.port), BODY, HEADERS, TIMEOUT)  # warm up lazy imports and caches
+    post(target(plain.port))  # warm up lazy imports and caches
     gc.collect()
     before = open_fds()
 
@@ -476,8 +497,8 @@ def test_fifty_attempts_leak_no_sockets(serve, tls_receiver, ca_bundle, serve_ra
         warnings.simplefilter("always", ResourceWarning)
         for index in range(50):
             tgt, timeout = attempts[index % len(attempts)]
-            post(tgt, BODY, HEADERS, timeout, verify=ca_bundle if index % 5 == 4 else True)
-        post(target(silent.port), BODY, HEADERS, 0.1)
+            post(tgt, timeout, tls_transport if index % 5 == 4 else None)
+        post(target(silent.port), 0.1)
         gc.collect()
 
     assert [w for w in caught if issubclass(w.category, ResourceWarning)] == []
