@@ -61,9 +61,13 @@ class Lookups:
         while True:
             host, future = self._jobs.get()
             try:
-                future.set_result(self._resolve(host))
+                answer, failure = self._resolve(host), None
             except BaseException as error:  # the caller decides what a failed lookup means
-                future.set_exception(error)
-            with self._lock:
+                answer, failure = None, error
+            with self._lock:  # forgotten before anyone hears the answer: a later lookup asks anew
                 del self._pending[host]
                 self._idle_threads += 1
+            if failure is None:
+                future.set_result(answer)
+            else:
+                future.set_exception(failure)

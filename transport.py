@@ -187,13 +187,15 @@ def _read_capped(response: http.client.HTTPResponse, into: bytearray) -> None:
 
     read1 hands over whatever has arrived, so `into` keeps the bytes read before a timeout.
     """
-    while len(into) < MAX_RESPONSE_BYTES:
+    while len(into) < MAX_RESPONSE_BYTES and response.length != 0:
         chunk = response.read1(MAX_RESPONSE_BYTES - len(into))
         if not chunk:
-            if response.length:  # http.client's read1 does not notice a body cut short
-                raise http.client.IncompleteRead(bytes(into), response.length)
-            return
+            break
         into += chunk
+    if response.length and len(into) < MAX_RESPONSE_BYTES:  # read1 does not notice a body cut short
+        raise http.client.IncompleteRead(bytes(into), response.length)
+    if response.length == 0:
+        response.close()  # http.client closes a Content-Length body only when read past its end
 
 
 def _status_error(status: int | None) -> str | None:

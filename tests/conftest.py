@@ -1,8 +1,11 @@
 """Fixtures: the real app on a temporary SQLite file, with the clock and the resolver injected."""
 
+import ssl
+import threading
 import time
 
 import pytest
+import trustme
 
 from app import create_app
 from keys import create_key
@@ -29,14 +32,19 @@ class FakeClock:
 
 
 class StubResolver:
-    """A DNS resolver answering from a dict; names not in it do not resolve. Records every lookup."""
+    """A DNS resolver answering from a dict; names not in it do not resolve. Records every lookup.
+    Names in `stalled` get no answer until `released` is set (the fixture sets it at teardown)."""
 
     def __init__(self, answers: dict[str, list[str]] | None = None):
         self.answers = dict(answers or {})
         self.lookups: list[str] = []
+        self.stalled: set[str] = set()
+        self.released = threading.Event()
 
     def __call__(self, host: str) -> list[str]:
         self.lookups.append(host)
+        if host in self.stalled:
+            self.released.wait(60)
         return list(self.answers.get(host, []))
 
 
@@ -47,7 +55,9 @@ def clock():
 
 @pytest.fixture
 def resolver():
-    return StubResolver({"hooks.partner.example": ["93.184.215.14"]})
+    resolver = StubResolver({"hooks.partner.example": ["93.184.215.14"]})
+    yield resolver
+    resolver.released.set()
 
 
 @pytest.fixture
@@ -93,3 +103,29 @@ def api_key(issue_key):
 @pytest.fixture
 def auth(api_key):
     return {"Authorization": f"Bearer {api_key}"}
+
+
+# --- TLS: a throwaway CA, partners' certificates, and the bundle that trusts them -----------------
+
+TLS_HOSTS = ("hooks.example.test", "hooks.partner.example")
+
+
+@pytest.fixture(scope="session")
+def tls_ca() -> trustme.CA:
+    return trustme.CA()
+
+
+@pytest.fixture(scope="session")
+def ca_bundle(tls_ca, tmp_path_factory) -> str:
+    """A PEM file trusting the test CA only, as PARTNER_DELIVERY_CA_BUNDLE names it."""
+    path = tmp_path_factory.mktemp("tls") / "ca.pem"
+    tls_ca.cert_pem.write_to_path(str(path))
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def server_tls(tls_ca) -> ssl.SSLContext:
+    """A receiver's TLS context, with a certificate for TLS_HOSTS signed by the test CA."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    tls_ca.issue_cert(*TLS_HOSTS).configure_cert(context)
+    return context

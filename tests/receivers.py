@@ -1,5 +1,6 @@
 """Real HTTP receivers on loopback for delivery tests: they record what arrives and answer as told."""
 
+import ssl
 import threading
 import time
 from dataclasses import dataclass, field
@@ -17,15 +18,24 @@ class Received:
 @dataclass
 class Receiver:
     """Answers each POST with the next entry of `script` (the last one repeats): a status code,
-    or a callable taking the handler, for misbehaving servers."""
+    or a callable taking the handler, for misbehaving servers. With `tls`, it serves HTTPS and keeps
+    connections alive (HTTP/1.1), as most partners do; `connections` counts those accepted."""
     host: str = "127.0.0.1"
     script: list = field(default_factory=lambda: [200])
     received: list = field(default_factory=list)
+    tls: ssl.SSLContext | None = None
+    connections: int = 0
 
     def start(self) -> "Receiver":
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1" if receiver.tls else "HTTP/1.0"
+
+            def setup(self):
+                receiver.connections += 1
+                super().setup()
+
             def do_POST(self):
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 receiver.received.append(Received(self.path, dict(self.headers), body, time.monotonic()))
@@ -45,12 +55,19 @@ class Receiver:
         self.redirect_to = "/"
         self.server = ThreadingHTTPServer((self.host, 0), Handler)
         self.server.daemon_threads = True
+        if self.tls:  # the handshake happens in the handler's thread, on its first read
+            self.server.socket = self.tls.wrap_socket(self.server.socket, server_side=True,
+                                                      do_handshake_on_connect=False)
         threading.Thread(target=self.server.serve_forever, args=(0.02,), daemon=True).start()
         return self
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.server.server_port}/hook"
+        return self.url_for(self.host)
+
+    def url_for(self, host: str) -> str:
+        """Its URL under another host name (one the test's resolver maps to its address)."""
+        return f"{'https' if self.tls else 'http'}://{host}:{self.server.server_port}/hook"
 
     def stop(self) -> None:
         self.server.shutdown()

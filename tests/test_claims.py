@@ -113,3 +113,14 @@ def test_an_expired_lease_is_claimed_again_and_only_the_new_claim_counts(due):
         assert claim_due(NOW + 2 * LEASE - 1, DUE, LEASE) == []
         third = claim_due(NOW + 2 * LEASE, DUE, LEASE)
         assert {c.event_id for c in third} == due - {first[0].event_id}  # delivered: never again
+
+
+def test_a_claim_that_excludes_failing_subscriptions_takes_every_other_due_delivery(due):
+    failing = set(sorted(due)[:10])
+    with db.connection_context():
+        (Subscription.update(consecutive_failures=1)
+         .where(Subscription.id.in_([f"wh_{i}" for i in failing])).execute())
+        claimed = claim_due(NOW, DUE, LEASE, failing_limit=0)
+        capped = claim_due(NOW, DUE, LEASE, failing_limit=3)
+    assert {claim.event_id for claim in claimed} == due - failing
+    assert [claim.failing for claim in capped] == [True] * 3

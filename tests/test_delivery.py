@@ -1,13 +1,14 @@
 """End-to-end delivery: real receivers on 127.0.0.1, the clock stepped, the queue stepped with run_due()."""
 
 import json
+import threading
 import time
 
 import pytest
 
 import signing
 from outbox import claim_due
-from models import db
+from models import Subscription, db
 from tests.receivers import Receiver, drip, hang
 
 WEBHOOKS = "/api/v1/partner/webhooks"
@@ -15,8 +16,9 @@ DAY = 86400
 
 
 @pytest.fixture
-def config(config):
+def config(config, ca_bundle):
     config.setdefault("WEBHOOK_ALLOWED_NETWORKS", ["127.0.0.0/8"])
+    config.setdefault("DELIVERY_CA_BUNDLE", ca_bundle)  # partners' certificates come from the test CA
     return config
 
 
@@ -252,6 +254,85 @@ def test_dns_rebinding_to_an_internal_address_fails_without_connecting(resolver,
         assert internal.received == []
     finally:
         internal.stop()
+
+
+@pytest.mark.config(WEBHOOK_ALLOWED_NETWORKS=["127.0.0.1/32"])
+@pytest.mark.config(SCHEDULER_ENABLED=True, DELIVERY_TIMEOUT=2, DELIVERY_CONCURRENCY=4)
+def test_subscriptions_whose_last_attempt_failed_hold_at_most_half_the_slots(app, dispatcher, subscribe, ping):
+    slow, fast = Receiver(script=[hang(2)]).start(), Receiver().start()
+    try:
+        failing = [subscribe(slow.url) for _ in range(4)]
+        with app.app_context(), db.connection_context():
+            Subscription.update(consecutive_failures=1).execute()  # each failed its last attempt
+        for subscription in failing:
+            ping(subscription)
+        dispatcher.start()
+        assert slow.wait_for(2)
+        for subscription in [subscribe(fast.url) for _ in range(4)]:
+            ping(subscription)
+        assert fast.wait_for(4, seconds=1.5)
+        assert len(slow.received) == 2  # the other two wait for a failing slot
+    finally:
+        dispatcher.stop()
+        slow.stop()
+        fast.stop()
+
+
+@pytest.mark.config(WEBHOOK_ALLOWED_NETWORKS=["127.0.0.1/32"])
+def test_a_name_rebound_to_an_internal_address_is_refused_though_a_connection_to_it_is_kept(
+        resolver, server_tls, dispatcher, subscribe, ping, failures):
+    partner = Receiver(tls=server_tls).start()
+    try:
+        resolver.answers["hooks.partner.example"] = ["127.0.0.1"]
+        subscription = subscribe(partner.url_for("hooks.partner.example"))
+        ping(subscription)
+        ping(subscription)
+        assert dispatcher.run_due() == 2
+        assert (len(partner.received), partner.connections) == (2, 1)  # one connection, kept alive
+        resolver.answers["hooks.partner.example"] = ["127.0.0.2"]
+        ping(subscription)
+        dispatcher.run_due()
+        [record] = failures(subscription)["data"]
+        assert (record["error"], record["http_status"]) == ("internal_url", None)
+        assert len(partner.received) == 2
+    finally:
+        partner.stop()
+
+
+@pytest.mark.config(DELIVERY_TIMEOUT=0.5)
+def test_a_lookup_that_does_not_answer_in_time_is_a_timeout_lasting_the_deadline(
+        resolver, receiver, subscribe, ping, dispatcher, failures):
+    resolver.answers["slow.partner.example"] = ["127.0.0.1"]
+    subscription = subscribe(receiver.url_for("slow.partner.example"))
+    resolver.stalled.add("slow.partner.example")
+    ping(subscription)
+    started = time.monotonic()
+    dispatcher.run_due()
+    elapsed = time.monotonic() - started
+    [record] = failures(subscription)["data"]
+    assert (record["error"], record["http_status"]) == ("timeout", None)
+    assert 500 <= record["duration_ms"] < 1500
+    assert 0.5 <= elapsed < 1.5
+    assert receiver.received == []
+
+
+@pytest.mark.config(DELIVERY_TIMEOUT=1)
+def test_the_lookup_counts_against_the_attempts_deadline(resolver, subscribe, ping, dispatcher, failures):
+    slow = Receiver(script=[hang(2)]).start()
+    try:
+        resolver.answers["late.partner.example"] = ["127.0.0.1"]
+        subscription = subscribe(slow.url_for("late.partner.example"))
+        resolver.stalled.add("late.partner.example")
+        ping(subscription)
+        threading.Timer(0.6, resolver.released.set).start()  # answers after 0.6 of the 1 s
+        started = time.monotonic()
+        dispatcher.run_due()
+        elapsed = time.monotonic() - started
+        [record] = failures(subscription)["data"]
+        assert record["error"] == "timeout"
+        assert 1.0 <= elapsed < 1.5 and 1000 <= record["duration_ms"] < 1500
+    finally:
+        slow.stop()
 
 
 def test_a_name_that_stops_resolving_is_a_connection_error(resolver, receiver, subscribe, ping, dispatcher, failures):

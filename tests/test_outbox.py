@@ -213,6 +213,33 @@ def test_an_expired_lease_frees_the_subscription(subscription):
     assert claim_due(later, 10, LEASE) == []  # one in flight at a time, again
 
 
+def test_a_claim_says_whether_the_subscriptions_last_attempt_failed(subscription, other_subscription):
+    fail_streak(subscription, 1)
+    ping(subscription), ping(other_subscription)
+    assert {claim.subscription_id: claim.failing for claim in claim_due(NOW, 10, LEASE)} == {
+        subscription.id: True, other_subscription.id: False}
+
+
+def test_failing_subscriptions_get_at_most_their_limit_and_healthy_ones_the_rest(subscription):
+    failing_ones, healthy_ones = subscriptions_of(subscription, 3), subscriptions_of(subscription, 3)[1:]
+    for each in failing_ones:
+        fail_streak(each, 2)
+        ping(each, NOW)  # due before every healthy one
+    for each in healthy_ones:
+        ping(each, NOW + 1)
+    claims = claim_due(NOW + 10, 4, LEASE, failing_limit=1)
+    assert sorted(claim.failing for claim in claims) == [False, False, True]
+    assert Delivery.select().where(Delivery.state == "pending").count() == 2  # the other failing ones
+
+
+def test_no_failing_subscription_is_claimed_when_their_limit_is_spent(subscription, other_subscription):
+    fail_streak(subscription, 1)
+    ping(subscription, NOW), ping(other_subscription, NOW + 1)
+    assert [claim.subscription_id for claim in claim_due(NOW + 10, 10, LEASE, failing_limit=0)] == [
+        other_subscription.id]
+    assert claim_one(NOW + 10).subscription_id == subscription.id  # without a limit, it goes
+
+
 @pytest.mark.parametrize("limit", [0, -1])
 def test_a_limit_below_one_claims_nothing(subscription, limit):
     ping(subscription)
@@ -438,10 +465,11 @@ def test_deleting_a_subscription_deletes_its_events_deliveries_and_failures(subs
 
 # --- query plans ----------------------------------------------------------------------------------
 
-def test_the_claim_uses_the_partial_due_index(database, subscription):
+@pytest.mark.parametrize("failing_limit", [None, 0, 1])
+def test_the_claim_uses_the_partial_due_index(database, subscription, failing_limit):
     for offset in range(3):
         ping(subscription, NOW + offset)
-    plan = query_plan(database, lambda: claim_due(NOW + 10, 2, LEASE))
+    plan = query_plan(database, lambda: claim_due(NOW + 10, 2, LEASE, failing_limit))
     assert "USING INDEX delivery_due_at" in plan
     assert "TEMP B-TREE" not in plan  # due order comes from the index, not from a sort
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import http.server
 import os
+import re
 import socket
 import ssl
 import threading
@@ -14,9 +15,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import pytest
-import trustme
 
 from ssrf import Target
+from connections import IdleConnections
 from transport import EXCERPT_BYTES, AttemptResult, Deadline, Transport
 
 HOOK_HOST = "hooks.example.test"  # .test never resolves: a request that arrives used no DNS
@@ -92,8 +93,14 @@ class Receiver(http.server.ThreadingHTTPServer):
         if tls is not None:  # the handshake happens in the handler thread, on first read
             self.socket = tls.wrap_socket(self.socket, server_side=True, do_handshake_on_connect=False)
         self.port = self.server_address[1]
+        self.connections = 0
         self.received: list[Received] = []
         self.reply: tuple[int, dict[str, str], bytes] = (200, {}, b"thanks")
+
+    def get_request(self):
+        accepted = super().get_request()
+        self.connections += 1
+        return accepted
 
     def handle_error(self, request, client_address) -> None:
         pass  # failed TLS handshakes are the point of some tests
@@ -184,6 +191,36 @@ def drip(conn: socket.socket, server: RawServer, data: bytes, every: float = 0.2
         conn.sendall(bytes([byte]))
 
 
+OK_KEEP_ALIVE = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+
+
+def read_request(conn: socket.socket) -> bytes | None:
+    """One request off a raw connection (its head; the body is read and dropped), None at its end."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = conn.recv(65536)
+        if not chunk:
+            return None
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = int(re.search(rb"(?i)\r\ncontent-length: *([0-9]+)", head)[1])
+    while len(body) < length:
+        body += conn.recv(65536)
+    return head
+
+
+def keep_alive_then(second: Callable[[socket.socket, RawServer], None]):
+    """A raw server's behaviour: answer a connection's first request at once and keep the connection
+    open; then, once the next request arrives on it, `second`."""
+    def behave(conn: socket.socket, server: RawServer) -> None:
+        if read_request(conn) is None:
+            return
+        conn.sendall(OK_KEEP_ALIVE)
+        if read_request(conn) is not None:
+            second(conn, server)
+    return behave
+
+
 def refused_port() -> int:
     with socket.create_server(("127.0.0.1", 0)) as probe:
         return probe.getsockname()[1]
@@ -255,10 +292,12 @@ def test_a_huge_body_is_read_only_up_to_the_cap(serve_raw, status, error):
         server.notes.append("sent everything")
 
     server = serve_raw(huge)
-    result, elapsed = timed_post(target(server.port), timeout=5)
+    transport = Transport()
+    result, elapsed = timed_post(target(server.port), timeout=5, transport=transport)
 
     assert (result.http_status, result.error, result.response_excerpt) == (status, error, "x" * EXCERPT_BYTES)
     assert elapsed < 1
+    assert len(transport.idle) == 0  # a response not read to its end leaves its connection unusable
     deadline = time.monotonic() + 2
     while not server.notes and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -399,25 +438,6 @@ def test_proxy_variables_are_ignored(receiver, monkeypatch):
 # --- TLS -------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def ca() -> trustme.CA:
-    return trustme.CA()
-
-
-@pytest.fixture(scope="module")
-def ca_bundle(ca, tmp_path_factory) -> str:
-    path = tmp_path_factory.mktemp("tls") / "ca.pem"
-    ca.cert_pem.write_to_path(str(path))
-    return str(path)
-
-
-@pytest.fixture(scope="module")
-def server_tls(ca) -> ssl.SSLContext:
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ca.issue_cert(HOOK_HOST).configure_cert(context)
-    return context
-
-
 @pytest.fixture
 def tls_receiver(serve, server_tls) -> Receiver:
     return serve(tls=server_tls)
@@ -503,3 +523,124 @@ def test_fifty_attempts_leak_no_sockets(serve, tls_receiver, tls_transport, serv
 
     assert [w for w in caught if issubclass(w.category, ResourceWarning)] == []
     assert open_fds() - before < 5
+
+
+# --- keep-alive: connections reused between attempts -------------------------------------
+
+
+def test_a_connection_is_reused_between_two_attempts_to_the_same_target(tls_receiver, tls_transport):
+    tgt = target(tls_receiver.port, host=HOOK_HOST, scheme="https")
+
+    first, second = post(tgt, transport=tls_transport), post(tgt, transport=tls_transport)
+
+    assert (first.ok, second.ok) == (True, True)
+    assert len(tls_receiver.received) == 2
+    assert tls_receiver.connections == 1
+    assert len(tls_transport.idle) == 1
+
+
+def test_a_different_vetted_address_never_reuses_a_connection(tls_receiver, tls_transport):
+    port = tls_receiver.port
+    assert post(target(port, HOOK_HOST, ("127.0.0.1",), "https"), transport=tls_transport).ok
+
+    elsewhere = post(target(port, HOOK_HOST, ("127.0.0.2",), "https"), transport=tls_transport)
+
+    # 127.0.0.2 was dialled, and nothing listens there: the idle connection to 127.0.0.1 was not used.
+    assert (elsewhere.ok, elsewhere.error) == (False, "connection_error")
+    assert (tls_receiver.connections, len(tls_receiver.received)) == (1, 1)
+    assert len(tls_transport.idle) == 1
+
+
+def test_a_different_host_name_never_reuses_a_connection(serve, tls_receiver, tls_transport):
+    assert post(target(tls_receiver.port, host=HOOK_HOST, scheme="https"), transport=tls_transport).ok
+
+    other = post(target(tls_receiver.port, host="other.example.test", scheme="https"), transport=tls_transport)
+
+    assert (other.ok, other.error) == (False, "tls_error")  # a new handshake, for the other name
+    assert tls_receiver.connections == 2
+
+
+def test_a_connection_the_partner_closed_while_idle_is_not_used(serve_raw, server_tls, tls_transport):
+    def answer_then_close_soon(conn, server):
+        if read_request(conn) is not None:
+            conn.sendall(OK_KEEP_ALIVE)
+            server.stopped.wait(0.05)  # a short keep-alive timeout, like Node.js's 5 s
+
+    server = serve_raw(answer_then_close_soon, tls=server_tls)
+    tgt = target(server.port, host=HOOK_HOST, scheme="https")
+    assert post(tgt, transport=tls_transport).ok
+    time.sleep(0.3)
+
+    result = post(tgt, transport=tls_transport)
+
+    assert (result.ok, result.http_status) == (True, 200)
+    assert server.accepted == 2
+
+
+def test_a_reused_connection_closed_as_the_request_goes_out_is_retried_once_fresh(
+        serve_raw, server_tls, tls_transport):
+    # The partner reads the second request on the kept connection and hangs up without a word: the
+    # race between its idle timeout and our request that no check before use can rule out.
+    server = serve_raw(keep_alive_then(lambda conn, server: None), tls=server_tls)
+    tgt = target(server.port, host=HOOK_HOST, scheme="https")
+    assert post(tgt, transport=tls_transport).ok
+
+    result = post(tgt, transport=tls_transport)
+
+    assert (result.ok, result.http_status) == (True, 200)
+    assert server.accepted == 2
+
+
+def test_a_fresh_connection_closed_without_an_answer_is_not_retried(serve_raw):
+    def hang_up(conn, server):
+        read_request(conn)
+        server.notes.append("request")
+
+    server = serve_raw(hang_up)
+
+    result = post(target(server.port))
+
+    assert (result.ok, result.error) == (False, "connection_error")
+    assert server.accepted == 1
+
+
+def test_the_deadline_cuts_a_dripped_body_on_a_reused_connection(serve_raw, server_tls, tls_transport):
+    def headers_then_drip(conn, server):
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n")
+        drip(conn, server, b"z" * 1000, every=0.1)
+
+    server = serve_raw(keep_alive_then(headers_then_drip), tls=server_tls)
+    tgt = target(server.port, host=HOOK_HOST, scheme="https")
+    assert post(tgt, 0.5, tls_transport).ok
+    time.sleep(0.6)  # the first attempt's deadline is long past: the reused socket must get the new one
+
+    result, elapsed = timed_post(tgt, transport=tls_transport)
+
+    assert (result.http_status, result.error) == (200, "timeout")
+    assert result.response_excerpt.startswith("zzz")
+    assert TIMEOUT <= elapsed < TIMEOUT + MARGIN
+    assert server.accepted == 1
+
+
+def test_idle_connections_expire(receiver):
+    transport = Transport(idle=IdleConnections(idle_seconds=0.2))
+    try:
+        assert post(target(receiver.port), transport=transport).ok
+        time.sleep(0.3)
+        assert post(target(receiver.port), transport=transport).ok
+    finally:
+        transport.close()
+    assert receiver.connections == 2
+
+
+def test_the_idle_pool_keeps_at_most_its_bound(serve):
+    transport = Transport(idle=IdleConnections(max_idle=2))
+    receivers = [serve() for _ in range(3)]
+    try:
+        for each in receivers:
+            assert post(target(each.port), transport=transport).ok
+        assert len(transport.idle) == 2
+        assert post(target(receivers[0].port), transport=transport).ok  # the oldest went first
+    finally:
+        transport.close()
+    assert [each.connections for each in receivers] == [2, 1, 1]

@@ -2,6 +2,8 @@
 
 import re
 
+import time
+
 import pytest
 
 from keys import parse_key
@@ -382,6 +384,16 @@ def test_unsafe_url_is_422(client, auth, resolver, url, code):
     resolver.answers["split.partner.example"] = ["93.184.215.14", "10.0.0.1"]
     response = create(client, auth, url)
     assert field_codes(response) == [("url", code)]
+    assert ids(client, auth) == []
+
+
+def test_a_name_whose_dns_does_not_answer_within_2_s_is_invalid(client, auth, resolver):
+    resolver.stalled.add("hooks.partner.example")
+    started = time.monotonic()
+    response = create(client, auth, NAMED_URL)
+    elapsed = time.monotonic() - started
+    assert field_codes(response) == [("url", "invalid_url")]
+    assert 2.0 <= elapsed < 3.0
     assert ids(client, auth) == []
 
 

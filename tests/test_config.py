@@ -1,0 +1,27 @@
+"""config.py: PARTNER_DELIVERY_CA_BUNDLE is checked at start-up, like every other setting."""
+
+import pytest
+
+from app import create_app
+
+
+def test_the_default_trust_store_needs_no_bundle(config):
+    assert create_app(config).config["DELIVERY_CA_BUNDLE"] == ""
+
+
+def test_a_bundle_is_loaded_at_start_up(config, ca_bundle):
+    app = create_app({**config, "DELIVERY_CA_BUNDLE": ca_bundle})
+    assert app.extensions["delivery"].transport.tls.get_ca_certs() != []
+
+
+@pytest.mark.parametrize("bundle", ["/nonexistent/ca.pem", 42, ["/etc/ssl/certs"]])
+def test_a_bundle_that_is_not_a_file_stops_start_up(config, bundle):
+    with pytest.raises(ValueError, match="PARTNER_DELIVERY_CA_BUNDLE"):
+        create_app({**config, "DELIVERY_CA_BUNDLE": bundle})
+
+
+def test_a_bundle_without_certificates_stops_start_up(config, tmp_path):
+    not_pem = tmp_path / "ca.pem"
+    not_pem.write_text("not a certificate\n")
+    with pytest.raises(ValueError, match="PARTNER_DELIVERY_CA_BUNDLE"):
+        create_app({**config, "DELIVERY_CA_BUNDLE": str(not_pem)})
