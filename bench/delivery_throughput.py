@@ -1,7 +1,12 @@
 """delivery_throughput: drain a backlog of test pings over 100 subscriptions into a fast receiver,
-and compare with a plain `requests` loop of the same concurrency against the same receiver.
+over HTTP and over HTTPS, and compare with a plain `requests` loop of the same concurrency (one new
+connection per request) against the same HTTP receiver.
 
-The backlog is queued through the API (POST .../test) with the scheduler off, then the service is
+Both receivers keep connections alive, as partners' servers do. The HTTPS receiver's certificate
+comes from a throwaway CA, appended to a production-size trust bundle (requests' default store) that
+the service loads through PARTNER_DELIVERY_CA_BUNDLE.
+
+Each backlog is queued through the API (POST .../test) with the scheduler off, then the service is
 restarted with it on, and only the drain is timed: (deliveries - 1) / (last arrival - first arrival),
 from the receiver's own timestamps, the same way for the service and for the baseline.
 """
@@ -12,13 +17,13 @@ import subprocess
 import sys
 import tempfile
 
-from harness import (BENCH_DIR, SERVICE_ENV, Partner, Receiver, Service, at_least, cpu_seconds, info,
-                     pick, ping_many, profiled, report, workdir)
+from harness import (BENCH_DIR, SERVICE_ENV, Partner, Receiver, Service, at_least, at_most, cpu_seconds,
+                     info, partner_tls, pick, ping_many, profiled, report, workdir)
 
 EVENTS = pick(10_000, 500)
 SUBSCRIPTIONS = 100
-# The service's PARTNER_DELIVERY_CONCURRENCY (default 8): the baseline loop gets as many threads.
-CONCURRENCY = int(SERVICE_ENV.get("PARTNER_DELIVERY_CONCURRENCY", 8))
+# The service's PARTNER_DELIVERY_CONCURRENCY (default 64): the baseline loop gets as many threads.
+CONCURRENCY = int(SERVICE_ENV.get("PARTNER_DELIVERY_CONCURRENCY", 64))
 DRAIN_TIMEOUT = pick(600, 60)
 
 
@@ -26,9 +31,9 @@ def rate(arrivals: list[float]) -> float:
     return (len(arrivals) - 1) / (max(arrivals) - min(arrivals))
 
 
-def queue_backlog(tmp, receiver: Receiver, events: int) -> float:
-    """Subscriptions and `events` due test pings in a database of `tmp`; returns seconds spent queueing."""
-    quiet = Service(tmp, {"PARTNER_SCHEDULER_ENABLED": "false"}, name="enqueue")
+def queue_backlog(tmp, receiver: Receiver, events: int, database) -> float:
+    """Subscriptions and `events` due test pings in `database`; returns seconds spent queueing."""
+    quiet = Service(tmp, {"PARTNER_SCHEDULER_ENABLED": "false"}, name="enqueue", database=database)
     key = quiet.create_key()
     with quiet:
         partner = Partner(quiet, key)
@@ -69,28 +74,43 @@ def receiver_alone(receiver: Receiver) -> float | None:
     return float(next(line for line in output.splitlines() if line.startswith("Requests/sec")).split()[1])
 
 
+def drain(tmp, receiver: Receiver, name: str, env: dict | None = None) -> tuple[float, float, float]:
+    """Queue a backlog for `receiver`, then start the service and time its drain: deliveries/s,
+    worker CPU ms per delivery, and seconds spent queueing."""
+    database = tmp / f"{name}.sqlite3"
+    enqueue_seconds = queue_backlog(tmp, receiver, EVENTS, database)
+    receiver.reset()
+    service = Service(tmp, env, name=name, database=database)
+    with service, profiled(service, f"delivery_throughput_{name}"):
+        worker = service.worker_pid()
+        cpu_before = cpu_seconds(worker)  # the drain has just begun: boot is done
+        drained = receiver.wait_for_count(EVENTS, DRAIN_TIMEOUT)
+        cpu_ms = (cpu_seconds(worker) - cpu_before) * 1000 / EVENTS
+        arrivals = [at for _, at in receiver.arrivals.values()]
+    if not drained:
+        raise RuntimeError(f"{name}: only {len(arrivals)} of {EVENTS} deliveries within {DRAIN_TIMEOUT} s")
+    return rate(arrivals), cpu_ms, enqueue_seconds
+
+
 def main() -> dict:
-    with workdir("throughput") as tmp, Receiver() as receiver:
-        enqueue_seconds = queue_backlog(tmp, receiver, EVENTS)
-        receiver.reset()
-        service = Service(tmp)
-        with service, profiled(service, "delivery_throughput"):
-            worker = service.worker_pid()
-            cpu_before = cpu_seconds(worker)  # the drain has just begun: boot is done
-            drained = receiver.wait_for_count(EVENTS, DRAIN_TIMEOUT)
-            service_cpu_ms = (cpu_seconds(worker) - cpu_before) * 1000 / EVENTS
-            arrivals = [at for _, at in receiver.arrivals.values()]
-        if not drained:
-            raise RuntimeError(f"only {len(arrivals)} of {EVENTS} deliveries within {DRAIN_TIMEOUT} s")
-        service_rate = rate(arrivals)
-        plain_rate, plain_cpu_ms = baseline(receiver, keep_alive=False)
-        keep_alive_rate, _ = baseline(receiver, keep_alive=True)
-        ceiling = receiver_alone(receiver)
+    with workdir("throughput") as tmp:
+        identity, bundle = partner_tls(tmp)
+        with Receiver(tls=identity) as tls_receiver:
+            https_rate, https_cpu_ms, _ = drain(tmp, tls_receiver, "https",
+                                                {"PARTNER_DELIVERY_CA_BUNDLE": str(bundle)})
+        with Receiver() as receiver:
+            service_rate, service_cpu_ms, enqueue_seconds = drain(tmp, receiver, "http")
+            plain_rate, plain_cpu_ms = baseline(receiver, keep_alive=False)
+            keep_alive_rate, _ = baseline(receiver, keep_alive=True)
+            ceiling = receiver_alone(receiver)
     figures = [
-        info("service drain", service_rate, "deliveries/s"),
+        info("service drain over HTTP", service_rate, "deliveries/s"),
+        info("service drain over HTTPS", https_rate, "deliveries/s"),
         info(f"plain requests loop, {CONCURRENCY} threads", plain_rate, "requests/s"),
-        at_least("ratio service / requests loop", service_rate / plain_rate, "", 0.5),
-        info("service worker CPU per delivery", service_cpu_ms, "ms"),
+        at_least("ratio HTTPS / HTTP drain", https_rate / service_rate, "", 0.8),
+        at_least("ratio HTTP drain / requests loop", service_rate / plain_rate, "", 1.0),
+        at_most("service worker CPU per HTTPS delivery", https_cpu_ms, "ms", 3),
+        info("service worker CPU per HTTP delivery", service_cpu_ms, "ms"),
         info("requests loop CPU per request", plain_cpu_ms, "ms"),
         info("requests loop with keep-alive (reference)", keep_alive_rate, "requests/s"),
         info("enqueue through the API, 8 clients", EVENTS / enqueue_seconds, "pings/s"),

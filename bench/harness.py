@@ -204,16 +204,19 @@ def workdir(prefix: str):
 # --- the receiver -------------------------------------------------------------------------------
 
 class Receiver:
-    """bench/receiver.py in its own process; arrivals stream back on its stdout."""
+    """bench/receiver.py in its own process; arrivals stream back on its stdout. With `tls`
+    (certificate and key PEM paths) it serves HTTPS."""
 
-    def __init__(self):
+    def __init__(self, tls: tuple[Path, Path] | None = None):
+        self.tls = tls
         self.arrivals: dict[str, tuple[str, float]] = {}
         self.count = 0
         self._changed = threading.Condition()
         self.process: subprocess.Popen | None = None
 
     def start(self) -> "Receiver":
-        self.process = subprocess.Popen([sys.executable, str(BENCH_DIR / "receiver.py")],
+        tls = ["--tls", *map(str, self.tls)] if self.tls else []
+        self.process = subprocess.Popen([sys.executable, str(BENCH_DIR / "receiver.py"), *tls],
                                         stdout=subprocess.PIPE, start_new_session=True)
         first = self.process.stdout.readline().split()
         if first[:1] != [b"PORT"]:
@@ -223,8 +226,8 @@ class Receiver:
         threading.Thread(target=self._read, daemon=True).start()
         return self
 
-    def url(self, path: str) -> str:
-        return f"http://{LOOPBACK}:{self.port}{path}"
+    def url(self, path: str, host: str = LOOPBACK) -> str:
+        return f"{'https' if self.tls else 'http'}://{host}:{self.port}{path}"
 
     def _read(self) -> None:
         for line in self.process.stdout:
@@ -266,6 +269,21 @@ class Receiver:
         self.stop()
 
 
+def partner_tls(directory: Path) -> tuple[tuple[Path, Path], Path]:
+    """An HTTPS partner's key and certificate for 127.0.0.1, from a throwaway CA, and a
+    production-size trust bundle for the service: requests' default store (certifi) with that CA
+    appended, to pass as PARTNER_DELIVERY_CA_BUNDLE."""
+    import certifi
+    import trustme
+
+    ca = trustme.CA()
+    identity = directory / "receiver.pem"  # key and certificate chain in one file
+    ca.issue_cert(LOOPBACK).private_key_and_cert_chain_pem.write_to_path(str(identity))
+    bundle = directory / "ca-bundle.pem"
+    bundle.write_bytes(Path(certifi.where()).read_bytes() + b"\n" + ca.cert_pem.bytes())
+    return (identity, identity), bundle
+
+
 # --- the API, as a partner calls it ---------------------------------------------------------------
 
 class Partner:
@@ -290,6 +308,14 @@ class Partner:
         if response.status_code != 202:
             self.fail("POST /webhooks/{id}/test", response)
         return response.json()["id"]
+
+    def failures(self, subscription: dict) -> list[dict]:
+        """The newest page of the subscription's failure records."""
+        response = self.session.get(f"{self.base}/webhooks/{subscription['id']}/failures",
+                                    params={"limit": 100}, timeout=30)
+        if response.status_code != 200:
+            self.fail("GET /webhooks/{id}/failures", response)
+        return response.json()["data"]
 
     def fail(self, what: str, response: requests.Response):
         raise RuntimeError(f"{what}: {response.status_code} {response.text[:300]}\n"

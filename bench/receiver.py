@@ -6,12 +6,14 @@ once per event-loop turn, so the bench learns of each arrival within a milliseco
 polling. CLOCK_MONOTONIC is system-wide on Linux: the bench compares it with its own clock.
 
 Paths: `/hang/...` accepts the request and never answers (the sender's deadline ends it);
-anything else gets `200 ok`. The first stdout line is `PORT <n>`.
+anything else gets `200 ok`. The first stdout line is `PORT <n>`. With `--tls CERT KEY` (PEM
+files) it serves HTTPS instead.
 """
 
 import asyncio
 import os
 import signal
+import ssl
 import sys
 import time
 
@@ -86,10 +88,18 @@ class Hook(asyncio.Protocol):
                 return
 
 
+def tls_context(argv: list[str]) -> ssl.SSLContext | None:
+    if argv[:1] != ["--tls"]:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(argv[1], argv[2])
+    return context
+
+
 async def main() -> None:
     loop = asyncio.get_running_loop()
     Hook.journal = Journal(loop)
-    server = await loop.create_server(Hook, "127.0.0.1", 0, backlog=4096)
+    server = await loop.create_server(Hook, "127.0.0.1", 0, backlog=4096, ssl=tls_context(sys.argv[1:]))
     port = server.sockets[0].getsockname()[1]
     os.write(1, f"PORT {port}\n".encode())
     stop = asyncio.Event()

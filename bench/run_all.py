@@ -12,7 +12,8 @@ from datetime import datetime, timezone
 
 from harness import BENCH_DIR, QUICK, RESULTS_DIR, fmt, machine, table
 
-BENCHES = ["api_overhead", "ping_latency", "delivery_throughput", "isolation", "state_scale", "memory"]
+BENCHES = ["api_overhead", "ping_latency", "delivery_throughput", "isolation", "dns_isolation", "state_scale",
+           "memory"]
 TIME_LIMIT = 60 if QUICK else 600  # seconds per bench
 
 

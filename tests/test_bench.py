@@ -13,7 +13,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-BENCHES = {"api_overhead", "ping_latency", "delivery_throughput", "isolation", "state_scale", "memory"}
+BENCHES = {"api_overhead", "ping_latency", "delivery_throughput", "isolation", "dns_isolation", "state_scale",
+           "memory"}
 QUICK_SECONDS = 120
 
 
