@@ -112,11 +112,9 @@ class PartnerConnection(http.client.HTTPConnection):
         sock = self.sock
         if sock is None or (isinstance(sock, ssl.SSLSocket) and sock.pending()):
             return False
-        try:
-            readable, _, _ = select.select([sock], [], [], 0)
-        except (OSError, ValueError):
-            return False
-        return not readable
+        poller = select.poll()  # not select(): file descriptors past 1024 are fine
+        poller.register(sock, select.POLLIN | select.POLLPRI)
+        return not poller.poll(0)
 
 
 def dial(scheme: str, host: str, port: int, addresses: tuple[str, ...], deadline: Deadline,

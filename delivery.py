@@ -47,7 +47,7 @@ class Dispatcher:
 
     def __init__(self, config):
         self.clock = config["CLOCK"]
-        self.lookups = Lookups(config["RESOLVER"])
+        self.lookups = Lookups(config["RESOLVER"], threads=max(1, config["DELIVERY_CONCURRENCY"] // 2))
         self.transport = transport.Transport(config["DELIVERY_CA_BUNDLE"])
         self.allowed_networks = config["ALLOWED_NETWORKS"]
         self.timeout = config["DELIVERY_TIMEOUT"]

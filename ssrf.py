@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 import socket
 import unicodedata
@@ -155,6 +156,12 @@ def _check_characters(url: str) -> None:
             raise _invalid(f"URL contains a forbidden character (U+{ord(ch):04X})")
 
 
+# Parsing a URL is a pure function of its text, and every attempt parses its subscription's URL
+# again: the three steps below remember their last answers (not their refusals).
+_remember = functools.lru_cache(maxsize=4096)
+
+
+@_remember
 def _split(url: str) -> tuple[str, str, bool, int | None]:
     """Return scheme, raw host, whether it was bracketed, and explicit port, refusing bad shapes."""
     try:
@@ -184,6 +191,7 @@ def _split(url: str) -> tuple[str, str, bool, int | None]:
     return parts.scheme, raw_host, bracketed, port
 
 
+@_remember
 def _classify_host(raw_host: str, bracketed: bool) -> tuple[str, Address | None]:
     """Return the ASCII host and its IP if it is a literal; refuse odd spellings and internal names."""
     if bracketed:
@@ -208,6 +216,7 @@ def _classify_host(raw_host: str, bracketed: bool) -> tuple[str, Address | None]
     return name, None
 
 
+@_remember
 def _agreed_request_target(url: str, scheme: str, raw_host: str, bracketed: bool, host: str,
                            literal: Address | None, port: int | None) -> str:
     """Refuse the URL unless urlsplit and urllib3 (the parser that connects) read it alike."""
