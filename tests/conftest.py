@@ -1,8 +1,6 @@
 """Fixtures: the real app on a temporary SQLite file, with the clock and the resolver injected."""
 
 import ssl
-import threading
-import time
 
 import pytest
 import trustme
@@ -11,41 +9,12 @@ from app import create_app
 from keys import create_key
 from models import db
 from tests.contract import ContractClient
+from tests.support import PUBLIC_IP, FakeClock, StubResolver, bearer
 
 ALLOWED_LOOPBACK = ["127.0.0.0/8"]
 
 # Throwaway Redis and PostgreSQL servers (fixtures redis_server, redis_url, postgres_server, postgres_url).
 pytest_plugins = ["tests.servers"]
-
-
-class FakeClock:
-    """Wall-clock seconds that only move when a test says so."""
-
-    def __init__(self, start: float | None = None):
-        self.now = start if start is not None else time.time()
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-
-
-class StubResolver:
-    """A DNS resolver answering from a dict; names not in it do not resolve. Records every lookup.
-    Names in `stalled` get no answer until `released` is set (the fixture sets it at teardown)."""
-
-    def __init__(self, answers: dict[str, list[str]] | None = None):
-        self.answers = dict(answers or {})
-        self.lookups: list[str] = []
-        self.stalled: set[str] = set()
-        self.released = threading.Event()
-
-    def __call__(self, host: str) -> list[str]:
-        self.lookups.append(host)
-        if host in self.stalled:
-            self.released.wait(60)
-        return list(self.answers.get(host, []))
 
 
 @pytest.fixture
@@ -55,14 +24,31 @@ def clock():
 
 @pytest.fixture
 def resolver():
-    resolver = StubResolver({"hooks.partner.example": ["93.184.215.14"]})
+    resolver = StubResolver({"hooks.partner.example": [PUBLIC_IP]})
     yield resolver
     resolver.released.set()
 
 
+BACKENDS = ("sqlite", "postgresql")
+
+
+def pytest_generate_tests(metafunc):
+    """`@pytest.mark.both_databases` (on a test, a class or a module) runs a test on each backend."""
+    if metafunc.definition.get_closest_marker("both_databases") and "backend" in metafunc.fixturenames:
+        metafunc.parametrize("backend", BACKENDS, indirect=True)
+
+
 @pytest.fixture
-def database_url(tmp_path):
-    """The database of the test's app; the PostgreSQL test modules override this."""
+def backend(request):
+    """The database behind the test's app: SQLite unless the test is marked both_databases."""
+    return getattr(request, "param", "sqlite")
+
+
+@pytest.fixture
+def database_url(request, backend, tmp_path):
+    """A fresh database for the test: a SQLite file, or an empty PostgreSQL schema of its own."""
+    if backend == "postgresql":
+        return request.getfixturevalue("postgres_url")
     return f"sqlite:///{tmp_path}/partner.sqlite3"
 
 
@@ -102,7 +88,7 @@ def api_key(issue_key):
 
 @pytest.fixture
 def auth(api_key):
-    return {"Authorization": f"Bearer {api_key}"}
+    return bearer(api_key)
 
 
 # --- TLS: a throwaway CA, partners' certificates, and the bundle that trusts them -----------------

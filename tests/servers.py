@@ -8,7 +8,6 @@ import glob
 import os
 import shlex
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -19,16 +18,11 @@ from urllib.parse import quote
 
 import pytest
 
+from tests.support import free_port
+
 INSTALL_HINT = "run scripts/test-services.sh to install it"
 DATABASE = "partner"  # the one database on the test server; each test has a schema in it
 START_SECONDS = 30
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (the server retries if it is taken since)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 class Watchdog:

@@ -4,9 +4,8 @@ import pytest
 
 from auth import bearer_key
 from keys import parse_key
+from tests.support import ME, WEBHOOKS, bearer
 
-ME = "/api/v1/partner/me"
-WEBHOOKS = "/api/v1/partner/webhooks"
 
 
 def assert_unauthorized(response):
@@ -65,7 +64,7 @@ def test_bearer_key_parsing():
 
 def test_scope_missing_is_403_naming_the_scope(client, issue_key):
     key = issue_key(scopes=())
-    response = client.get(WEBHOOKS, headers={"Authorization": f"Bearer {key}"})
+    response = client.get(WEBHOOKS, headers=bearer(key))
     assert response.status_code == 403
     assert response.headers["WWW-Authenticate"] == \
         'Bearer error="insufficient_scope", scope="webhooks:manage"'
@@ -74,7 +73,7 @@ def test_scope_missing_is_403_naming_the_scope(client, issue_key):
 
 def test_identity_read_is_granted_to_every_key(client, issue_key):
     key = issue_key(scopes=())
-    assert client.get(ME, headers={"Authorization": f"Bearer {key}"}).status_code == 200
+    assert client.get(ME, headers=bearer(key)).status_code == 200
 
 
 def test_every_api_route_requires_exactly_one_scope(app):

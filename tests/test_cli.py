@@ -3,8 +3,8 @@
 import pytest
 
 from keys import RESERVED_SCOPES, parse_key
+from tests.support import ME, bearer
 
-ME = "/api/v1/partner/me"
 
 
 @pytest.fixture
@@ -14,7 +14,7 @@ def flask_keys(app):
 
 
 def me_status(client, key):
-    return client.get(ME, headers={"Authorization": f"Bearer {key}"}).status_code
+    return client.get(ME, headers=bearer(key)).status_code
 
 
 def created_key(result) -> str:

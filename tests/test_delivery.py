@@ -10,8 +10,8 @@ import signing
 from outbox import claim_due
 from models import Subscription, db
 from tests.receivers import Receiver, drip, hang
+from tests.support import WEBHOOKS
 
-WEBHOOKS = "/api/v1/partner/webhooks"
 DAY = 86400
 
 
@@ -76,6 +76,7 @@ def run_for(dispatcher, clock, seconds: float, step: float = 3600) -> None:
     dispatcher.run_due()
 
 
+@pytest.mark.both_databases
 def test_ping_arrives_signed_and_verifiable(dispatcher, receiver, subscribe, ping, clock, api_key):
     subscription = subscribe(receiver.url)
     accepted = ping(subscription).get_json()
@@ -134,6 +135,7 @@ def test_retries_follow_the_schedule(dispatcher, receiver, subscribe, ping, cloc
     assert dispatcher.run_due() == 1
 
 
+@pytest.mark.both_databases
 def test_failure_record_fields(dispatcher, receiver, subscribe, ping, clock, failures):
     receiver.script = [503]
     subscription = subscribe(receiver.url)
@@ -147,6 +149,7 @@ def test_failure_record_fields(dispatcher, receiver, subscribe, ping, clock, fai
     assert record["duration_ms"] >= 0
 
 
+@pytest.mark.both_databases
 def test_success_after_failures_resets_the_counter(dispatcher, receiver, subscribe, ping, clock, listed):
     receiver.script = [500, 502, 204]
     subscription = subscribe(receiver.url)
@@ -190,6 +193,7 @@ def test_redirect_is_recorded_and_not_followed(dispatcher, subscribe, ping, fail
         elsewhere.stop()
 
 
+@pytest.mark.both_databases
 def test_twenty_consecutive_failures_auto_disable(dispatcher, receiver, subscribe, ping, clock,
                                                   listed, failures):
     receiver.script = [500]
@@ -207,6 +211,7 @@ def test_twenty_consecutive_failures_auto_disable(dispatcher, receiver, subscrib
     assert response.get_json()["code"] == "subscription_disabled"
 
 
+@pytest.mark.both_databases
 def test_delete_stops_retries(dispatcher, receiver, subscribe, ping, clock, client, auth):
     receiver.script = [500]
     subscription = subscribe(receiver.url)
@@ -218,6 +223,7 @@ def test_delete_stops_retries(dispatcher, receiver, subscribe, ping, clock, clie
 
 
 @pytest.mark.parametrize("limit", [1, 2, 3, 5, 20, 100])
+@pytest.mark.both_databases
 def test_failure_pages_return_every_failure_exactly_once(dispatcher, receiver, subscribe, ping, clock,
                                                          failures, limit):
     receiver.script = [500]
@@ -344,6 +350,7 @@ def test_a_name_that_stops_resolving_is_a_connection_error(resolver, receiver, s
     assert failures(subscription)["data"][0]["error"] == "connection_error"
 
 
+@pytest.mark.both_databases
 def test_an_interrupted_attempt_is_retried_after_its_lease(app, dispatcher, receiver, subscribe, ping, clock):
     event_id = ping(subscribe(receiver.url)).get_json()["id"]
     with app.app_context(), db.connection_context():
@@ -355,6 +362,7 @@ def test_an_interrupted_attempt_is_retried_after_its_lease(app, dispatcher, rece
         [(event_id, "1")]
 
 
+@pytest.mark.both_databases
 def test_a_late_finish_after_the_lease_was_taken_over_is_not_recorded(app, dispatcher, receiver, subscribe,
                                                                        ping, clock, failures):
     receiver.script = [500]
@@ -369,6 +377,7 @@ def test_a_late_finish_after_the_lease_was_taken_over_is_not_recorded(app, dispa
 
 
 @pytest.mark.config(DELIVERY_POLL_INTERVAL=60, SCHEDULER_ENABLED=True)
+@pytest.mark.both_databases
 def test_the_scanner_delivers_a_ping_at_once_not_at_the_next_poll(dispatcher, receiver, subscribe, ping):
     subscription = subscribe(receiver.url)
     dispatcher.start()
@@ -384,6 +393,7 @@ def test_the_scanner_delivers_a_ping_at_once_not_at_the_next_poll(dispatcher, re
 
 @pytest.mark.config(SCHEDULER_ENABLED=True, DELIVERY_TIMEOUT=3, DELIVERY_CONCURRENCY=4)
 @pytest.mark.parametrize("slow_events", [1, 6])
+@pytest.mark.both_databases
 def test_one_slow_target_does_not_delay_the_others(dispatcher, subscribe, ping, slow_events):
     """A subscription has one attempt in flight at most, so a hanging one holds one slot of four."""
     slow, fast = Receiver(script=[hang(3)]).start(), Receiver().start()

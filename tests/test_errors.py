@@ -1,17 +1,8 @@
 """Every error is RFC 9457 problem+json with the contract's code; nothing leaks."""
 
 import pytest
+from tests.support import WEBHOOKS, assert_problem
 
-WEBHOOKS = "/api/v1/partner/webhooks"
-
-
-def assert_problem(response, status, code):
-    assert response.status_code == status
-    assert response.content_type == "application/problem+json"
-    body = response.get_json()
-    assert (body["status"], body["code"], body["type"]) == (status, code, "about:blank")
-    assert body["title"] and body["detail"]
-    return body
 
 
 @pytest.mark.parametrize("data", [b"{", b"[]", b"\"x\"", b"null", b"\xff\xfe", b"{\"a\": NaN}", b"[" * 60000])

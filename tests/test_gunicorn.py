@@ -12,22 +12,16 @@ import pytest
 import requests
 
 from keys import parse_key
+from tests.support import ME, bearer, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent  # the virtualenv the suite runs in: gunicorn and flask live beside python
-ME = "/api/v1/partner/me"
 BOOT_SECONDS = 10
 STOP_SECONDS = 5
 
 # None leaves PARTNER_SCHEDULER_ENABLED unset (enabled): post_worker_init starts the delivery
 # scanner in the worker, as in production. Set "false" to boot without it.
 SCHEDULER_ENABLED = None
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture
@@ -110,7 +104,7 @@ def test_gunicorn_serves_logs_no_secret_and_stops_cleanly(gunicorn, smoke_key, s
     assert anonymous.headers["Content-Type"] == "application/problem+json"
     assert anonymous.json()["code"] == "unauthorized"
 
-    identified = session.get(url, headers={"Authorization": f"Bearer {smoke_key}"}, timeout=5)
+    identified = session.get(url, headers=bearer(smoke_key), timeout=5)
     assert identified.status_code == 200
     assert identified.json()["organization"] == "smoke"
 

@@ -6,7 +6,7 @@ import time
 import pytest
 
 from lookups import Lookups
-from tests.conftest import StubResolver
+from tests.support import StubResolver
 
 
 @pytest.fixture

@@ -1,14 +1,14 @@
 """GET /me: the identity record and the rate-limit headers."""
 
 import re
+from tests.support import ME, bearer
 
-ME = "/api/v1/partner/me"
 ISO_MS = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
 
 
 def test_me_returns_the_identity_record(client, issue_key):
     key = issue_key(org="acme", scopes=("webhooks:manage",))
-    response = client.get(ME, headers={"Authorization": f"Bearer {key}"})
+    response = client.get(ME, headers=bearer(key))
     assert response.status_code == 200
     body = response.get_json()
     reset_at = body.pop("rate_limit_reset_at")

@@ -10,8 +10,8 @@ from openapi_spec_validator.validation.exceptions import OpenAPIValidationError
 
 import apidocs
 from tests.contract import ContractClient, check_response
+from tests.support import API
 
-API_PREFIX = "/api/v1/partner"
 DOCUMENT = apidocs.document()
 OPERATIONS = [(path, method, operation) for path, item in DOCUMENT["paths"].items()
               for method, operation in item.items() if method != "parameters"]
@@ -53,7 +53,7 @@ def test_the_validator_can_fail():
 
 def test_document_describes_exactly_the_routes_the_app_serves(app):
     served = {(re.sub(r"<(?:\w+:)?(\w+)>", r"{\1}", rule.rule), method.lower())
-              for rule in app.url_map.iter_rules() if rule.rule.startswith(API_PREFIX)
+              for rule in app.url_map.iter_rules() if rule.rule.startswith(API)
               for method in rule.methods - {"HEAD", "OPTIONS"}}
     assert {(path, method) for path, method, _ in OPERATIONS} == served
 
@@ -93,7 +93,7 @@ def test_rate_limited_and_unavailable_answers_carry_retry_after():
 
 
 def test_create_documents_location_and_list_parameters_their_bounds():
-    created = DOCUMENT["paths"][f"{API_PREFIX}/webhooks"]["post"]["responses"]["201"]
+    created = DOCUMENT["paths"][f"{API}/webhooks"]["post"]["responses"]["201"]
     assert created["headers"]["Location"]["required"] is True
     limit = DOCUMENT["components"]["parameters"]["limit"]["schema"]
     assert (limit["minimum"], limit["maximum"], limit["default"]) == (1, 100, 20)
@@ -118,7 +118,7 @@ def test_the_suite_client_checks_responses_against_the_document(client):
 
 
 def test_a_response_that_drifts_from_the_document_is_caught(app, auth):
-    response = FlaskClient(app).get(f"{API_PREFIX}/me", headers=auth)  # a client without the hook
+    response = FlaskClient(app).get(f"{API}/me", headers=auth)  # a client without the hook
     check_response(response)
     response.set_data(response.get_data().replace(b'"key_id"', b'"keyId"'))
     with pytest.raises(AssertionError, match="breaks openapi.yaml"):
@@ -127,7 +127,7 @@ def test_a_response_that_drifts_from_the_document_is_caught(app, auth):
 
 def test_paths_the_document_does_not_describe_are_not_checked(client):
     assert client.get("/no/such/path").status_code == 404
-    assert client.put(f"{API_PREFIX}/me").status_code == 405
+    assert client.put(f"{API}/me").status_code == 405
 
 
 # --- /docs: a page rendered from the document, every asset served here -----------------------------
@@ -160,7 +160,7 @@ def test_only_the_listed_swagger_assets_are_served(client, name):
 @pytest.mark.config(AUTH_FAILURE_RATE_LIMIT=1)
 @pytest.mark.parametrize("path", ["/openapi.json", "/docs", "/docs/init.js"])
 def test_docs_need_no_key_and_are_never_rate_limited(client, path):
-    client.get(f"{API_PREFIX}/me")  # spends this address's one failed authentication
+    client.get(f"{API}/me")  # spends this address's one failed authentication
     for _ in range(3):
         response = client.get(path, headers={"Authorization": "Bearer wrong"})
         assert response.status_code == 200

@@ -1,7 +1,7 @@
 """The same code on a real PostgreSQL server: schema.sql, the models, and the API's main flows over HTTP.
 
-Every test gets a database of its own (`postgres_url`: an empty schema). The HTTP flows are the very
-test functions of test_webhooks.py and test_delivery.py, collected here a second time on PostgreSQL.
+Every test gets a database of its own (`postgres_url`: an empty schema). The HTTP flows of
+test_webhooks.py and test_delivery.py run here too: they are marked `both_databases`.
 """
 
 import threading
@@ -16,29 +16,12 @@ from models import (ApiKey, Delivery, Event, Failure, Organization, Setting, Sub
                     open_database, write_transaction)
 from outbox import _holds_lease, claim_due, enqueue
 from subscriptions import MAX_SUBSCRIPTIONS, create_subscription
-# Fixtures and tests re-run here on PostgreSQL (pytest collects what a module's namespace holds).
-from tests.test_delivery import (  # noqa: F401
-    config, dispatcher, failures, listed, ping, receiver, subscribe,
-    test_a_late_finish_after_the_lease_was_taken_over_is_not_recorded,
-    test_an_interrupted_attempt_is_retried_after_its_lease, test_delete_stops_retries,
-    test_failure_record_fields, test_one_slow_target_does_not_delay_the_others,
-    test_ping_arrives_signed_and_verifiable, test_success_after_failures_resets_the_counter,
-    test_the_scanner_delivers_a_ping_at_once_not_at_the_next_poll,
-    test_twenty_consecutive_failures_auto_disable)
-from tests.test_delivery import test_failure_pages_return_every_failure_exactly_once as failure_pages
-from tests.test_webhooks import (  # noqa: F401
-    clock, full, test_another_organizations_subscription_is_404_and_survives,
-    test_create_returns_the_subscription_with_its_secret, test_cursor_survives_deletion_of_the_last_row_it_saw,
-    test_deleted_subscription_is_no_longer_listed, test_deleting_one_makes_room_again,
-    test_list_is_the_created_subscriptions_without_secrets_oldest_first,
-    test_list_shows_only_the_calling_organizations_subscriptions,
-    test_pages_are_complete_and_stable_within_one_millisecond,
-    test_pages_return_every_subscription_once_in_creation_order, test_the_101st_subscription_is_422)
 
 
 @pytest.fixture
-def database_url(postgres_url):
-    return postgres_url
+def backend():
+    """Every test of this module is about PostgreSQL."""
+    return "postgresql"
 
 
 @pytest.fixture
@@ -71,13 +54,6 @@ def run_together(count: int, work) -> list[Exception]:
     for thread in threads:
         thread.join()
     return errors
-
-
-# --- the HTTP flows beyond those imported above -------------------------------------------------------
-
-def test_failure_pages_return_every_failure_exactly_once(dispatcher, receiver, subscribe, ping, clock,
-                                                         failures):
-    failure_pages(dispatcher, receiver, subscribe, ping, clock, failures, limit=3)  # one page size of six
 
 
 # --- schema.sql -----------------------------------------------------------------------------------

@@ -1,10 +1,10 @@
 """The per-organization budget: exactly N requests in any 60 s, shared by the organization's keys."""
+from tests.support import ME, bearer
 
-ME = "/api/v1/partner/me"
 
 
 def get_me(client, key):
-    return client.get(ME, headers={"Authorization": f"Bearer {key}"})
+    return client.get(ME, headers=bearer(key))
 
 
 def test_the_601st_request_of_an_organization_gets_429(client, issue_key):

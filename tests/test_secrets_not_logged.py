@@ -8,9 +8,8 @@ import pytest
 from app import create_app
 from keys import parse_key
 from tests.receivers import Receiver
+from tests.support import ME, WEBHOOKS, bearer
 
-ME = "/api/v1/partner/me"
-WEBHOOKS = "/api/v1/partner/webhooks"
 HOOK_URL = "https://hooks.partner.example/hook"
 # Named explicitly so they are at DEBUG and propagating even before anything has created them.
 LIBRARY_LOGGERS = ("werkzeug", "peewee", "flask_limiter", "limits", "urllib3", "requests",
@@ -69,10 +68,6 @@ def scenario_tools(receiver, app, clock):
 
 def last_line(result) -> str:
     return result.stdout.strip().splitlines()[-1]
-
-
-def bearer(key: str) -> dict:
-    return {"Authorization": f"Bearer {key}"}
 
 
 def fragments(secret: str) -> set[str]:

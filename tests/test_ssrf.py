@@ -10,29 +10,13 @@ import pytest
 
 from ssrf import Target, UnsafeUrl, check_url, is_internal_address, parse_networks, system_resolver
 
-PUBLIC = "93.184.215.14"
+from tests.support import PUBLIC_IP, StubResolver
 LOOPBACK = parse_networks(["127.0.0.0/8"])
-
-
-class StubResolver:
-    """Answers from a table (default: one public address) and records every lookup."""
-
-    def __init__(self, table=None, default=(PUBLIC,)):
-        self.table = table or {}
-        self.default = default
-        self.calls = []
-
-    def __call__(self, host):
-        self.calls.append(host)
-        answer = self.table.get(host, self.default)
-        if isinstance(answer, Exception):
-            raise answer
-        return answer
 
 
 def refusal(url, resolver=None, allowed=()):
     with pytest.raises(UnsafeUrl) as caught:
-        check_url(url, resolver or StubResolver(), allowed)
+        check_url(url, resolver or StubResolver(default=[PUBLIC_IP]), allowed)
     return caught.value
 
 
@@ -137,9 +121,9 @@ INVALID_SHAPE = [
 
 @pytest.mark.parametrize("url", INVALID_SHAPE)
 def test_malformed_url_is_invalid(url):
-    resolver = StubResolver()
+    resolver = StubResolver(default=[PUBLIC_IP])
     assert refusal(url, resolver).code == "invalid_url"
-    assert resolver.calls == []
+    assert resolver.lookups == []
 
 
 # --- IP spellings other than a canonical dotted quad: invalid_url --------------------------------
@@ -183,9 +167,9 @@ ODD_IP_SPELLINGS = [
 
 @pytest.mark.parametrize("url", ODD_IP_SPELLINGS)
 def test_non_canonical_ip_spelling_is_invalid(url):
-    resolver = StubResolver()
+    resolver = StubResolver(default=[PUBLIC_IP])
     assert refusal(url, resolver).code == "invalid_url"
-    assert resolver.calls == []
+    assert resolver.lookups == []
 
 
 # --- Internal names: internal_url, before any lookup ----------------------------------------------
@@ -225,9 +209,9 @@ INTERNAL_NAMES = [
 
 @pytest.mark.parametrize("url", INTERNAL_NAMES)
 def test_internal_name_is_refused_without_lookup(url):
-    resolver = StubResolver()
+    resolver = StubResolver(default=[PUBLIC_IP])
     assert refusal(url, resolver).code == "internal_url"
-    assert resolver.calls == []
+    assert resolver.lookups == []
 
 
 # --- IP literals: internal ranges refused, public ones pass, resolver never asked ------------------
@@ -273,16 +257,16 @@ INTERNAL_LITERALS = [
 
 @pytest.mark.parametrize("host", INTERNAL_LITERALS)
 def test_internal_ip_literal_is_refused_without_lookup(host):
-    resolver = StubResolver()
+    resolver = StubResolver(default=[PUBLIC_IP])
     assert refusal(f"http://{host}:8080/", resolver).code == "internal_url"
-    assert resolver.calls == []
+    assert resolver.lookups == []
 
 
 PUBLIC_LITERALS = [
     # (host in URL, Target.host)
     ("8.8.8.8", "8.8.8.8"),
     ("1.1.1.1", "1.1.1.1"),
-    (PUBLIC, PUBLIC),
+    (PUBLIC_IP, PUBLIC_IP),
     ("1.0.0.0", "1.0.0.0"),
     ("9.255.255.255", "9.255.255.255"),
     ("11.0.0.0", "11.0.0.0"),
@@ -325,10 +309,10 @@ PUBLIC_LITERALS = [
 
 @pytest.mark.parametrize("host, canonical", PUBLIC_LITERALS)
 def test_public_ip_literal_passes_without_lookup(host, canonical):
-    resolver = StubResolver()
+    resolver = StubResolver(default=[PUBLIC_IP])
     target = check_url(f"https://{host}/hook", resolver)
     assert (target.host, target.port, target.addresses) == (canonical, 443, (canonical,))
-    assert resolver.calls == []
+    assert resolver.lookups == []
 
 
 # --- IDNA-mapped IP literals are judged as the IP they map to ------------------------------------
@@ -384,16 +368,16 @@ ACCEPTED = [
 
 @pytest.mark.parametrize("url, scheme, host, port, request_target", ACCEPTED)
 def test_accepted_url(url, scheme, host, port, request_target):
-    resolver = StubResolver()
+    resolver = StubResolver(default=[PUBLIC_IP])
     target = check_url(url, resolver)
-    assert target == Target(url, scheme, host, port, request_target, (PUBLIC,))
-    assert resolver.calls == [host]
+    assert target == Target(url, scheme, host, port, request_target, (PUBLIC_IP,))
+    assert resolver.lookups == [host]
 
 
 def test_url_of_exactly_2048_characters_passes_and_2049_does_not():
     url = "https://example.com/" + "a" * 2028
     assert len(url) == 2048
-    assert check_url(url, StubResolver()).port == 443
+    assert check_url(url, StubResolver(default=[PUBLIC_IP])).port == 443
     assert refusal(url + "a").code == "invalid_url"
 
 
@@ -403,7 +387,7 @@ DNS = {
     "private.example": ["10.0.0.1"],
     "loopback.example": ["127.0.0.1"],
     "metadata.example": ["169.254.169.254"],
-    "mixed.example": [PUBLIC, "192.168.0.1"],
+    "mixed.example": [PUBLIC_IP, "192.168.0.1"],
     "mixed6.example": ["2606:4700::1111", "fe80::1"],
     "mapped.example": ["::ffff:10.0.0.1"],
     "nat64.example": ["64:ff9b::a9fe:a9fe"],
@@ -440,47 +424,47 @@ RESOLVED = [
 
 @pytest.mark.parametrize("url, code", RESOLVED)
 def test_resolved_name_is_refused(url, code):
-    resolver = StubResolver(DNS)
+    resolver = StubResolver(DNS, default=[PUBLIC_IP])
     assert refusal(url, resolver).code == code
-    assert len(resolver.calls) == 1
+    assert len(resolver.lookups) == 1
 
 
 def test_name_with_two_public_answers_keeps_both():
-    target = check_url("https://twopublic.example/", StubResolver(DNS))
+    target = check_url("https://twopublic.example/", StubResolver(DNS, default=[PUBLIC_IP]))
     assert target.addresses == ("1.1.1.1", "2606:4700::1111")
 
 
 def test_duplicate_answers_are_dropped_in_order():
-    assert check_url("https://duplicate.example/", StubResolver(DNS)).addresses == ("1.1.1.1", "8.8.8.8")
+    assert check_url("https://duplicate.example/", StubResolver(DNS, default=[PUBLIC_IP])).addresses == ("1.1.1.1", "8.8.8.8")
 
 
 def test_resolver_gets_lower_case_a_label_without_trailing_dot():
-    resolver = StubResolver()
+    resolver = StubResolver(default=[PUBLIC_IP])
     check_url("https://Bücher.Example.:8443/", resolver)
-    assert resolver.calls == ["xn--bcher-kva.example"]
+    assert resolver.lookups == ["xn--bcher-kva.example"]
 
 
 # --- PARTNER_WEBHOOK_ALLOWED_NETWORKS -------------------------------------------------------------
 
 def test_allowed_network_exempts_an_ip_literal():
-    target = check_url("http://127.0.0.1:8080/x", StubResolver(), LOOPBACK)
+    target = check_url("http://127.0.0.1:8080/x", StubResolver(default=[PUBLIC_IP]), LOOPBACK)
     assert (target.host, target.port, target.request_target, target.addresses) == \
         ("127.0.0.1", 8080, "/x", ("127.0.0.1",))
 
 
 def test_allowed_network_exempts_a_resolved_name():
-    target = check_url("http://receiver.example:8080/", StubResolver(DNS), LOOPBACK)
+    target = check_url("http://receiver.example:8080/", StubResolver(DNS, default=[PUBLIC_IP]), LOOPBACK)
     assert (target.host, target.addresses) == ("receiver.example", ("127.0.0.1",))
 
 
 def test_allowed_network_judges_mapped_ipv6_by_its_ipv4():
-    assert check_url("http://receiver6.example/", StubResolver(DNS), LOOPBACK).addresses == \
+    assert check_url("http://receiver6.example/", StubResolver(DNS, default=[PUBLIC_IP]), LOOPBACK).addresses == \
         ("::ffff:7f00:1",)
-    assert check_url("http://[::ffff:127.0.0.1]:8080/", StubResolver(), LOOPBACK).host == "::ffff:7f00:1"
+    assert check_url("http://[::ffff:127.0.0.1]:8080/", StubResolver(default=[PUBLIC_IP]), LOOPBACK).host == "::ffff:7f00:1"
 
 
 def test_allowed_ipv6_network_exempts_ipv6_loopback():
-    assert check_url("http://[::1]:8080/", StubResolver(), parse_networks(["::1/128"])).host == "::1"
+    assert check_url("http://[::1]:8080/", StubResolver(default=[PUBLIC_IP]), parse_networks(["::1/128"])).host == "::1"
 
 
 @pytest.mark.parametrize("url, code", [

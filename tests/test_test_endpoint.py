@@ -11,8 +11,8 @@ import pytest
 from keys import parse_key
 from models import Delivery, Event, Failure, Subscription, db
 from outbox import Outcome, claim_due, record_failure
+from tests.support import WEBHOOKS, bearer
 
-WEBHOOKS = "/api/v1/partner/webhooks"
 URL = "http://93.184.215.14/hook"
 START = 1_800_000_000.1235  # 2027-01-15T08:00:00.123Z; the half millisecond keeps floats off a boundary
 START_MS = 1_800_000_000_123
@@ -22,10 +22,6 @@ START_MS = 1_800_000_000_123
 def clock(clock):
     clock.now = START
     return clock
-
-
-def bearer(key: str) -> dict:
-    return {"Authorization": f"Bearer {key}"}
 
 
 @pytest.fixture

@@ -7,8 +7,8 @@ import time
 import pytest
 
 from keys import parse_key
+from tests.support import WEBHOOKS, bearer
 
-WEBHOOKS = "/api/v1/partner/webhooks"
 PUBLIC_URL = "http://93.184.215.14/"
 NAMED_URL = "https://hooks.partner.example/hooks?source=vc"
 START = 1_800_000_000.0005  # 2027-01-15T08:00:00.000Z; the half millisecond keeps float steps off a boundary
@@ -20,10 +20,6 @@ B64URL = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
 def clock(clock):
     clock.now = START
     return clock
-
-
-def bearer(key: str) -> dict:
-    return {"Authorization": f"Bearer {key}"}
 
 
 def create(client, headers, url=PUBLIC_URL, **fields):
@@ -63,6 +59,7 @@ def field_codes(response) -> list[tuple]:
 
 # --- create ---------------------------------------------------------------------------------------
 
+@pytest.mark.both_databases
 def test_create_returns_the_subscription_with_its_secret(client, auth):
     response = create(client, auth, NAMED_URL)
     assert response.status_code == 201
@@ -109,6 +106,7 @@ def test_empty_list(client, auth):
     assert client.get(WEBHOOKS, headers=auth).get_json() == {"data": [], "next_cursor": None}
 
 
+@pytest.mark.both_databases
 def test_list_is_the_created_subscriptions_without_secrets_oldest_first(client, auth, clock):
     created = []
     for n in range(3):
@@ -121,6 +119,7 @@ def test_list_is_the_created_subscriptions_without_secrets_oldest_first(client, 
     assert "whsec_" not in response.get_data(as_text=True)
 
 
+@pytest.mark.both_databases
 def test_list_shows_only_the_calling_organizations_subscriptions(client, issue_key):
     acme, globex = bearer(issue_key("acme")), bearer(issue_key("globex"))
     mine = create(client, acme).get_json()["id"]
@@ -136,6 +135,7 @@ def test_list_defaults_to_twenty_per_page(client, auth):
 
 
 @pytest.mark.parametrize("limit", [1, 2, 3, 7, 100])
+@pytest.mark.both_databases
 def test_pages_return_every_subscription_once_in_creation_order(client, auth, clock, limit):
     created = []
     for _ in range(7):
@@ -147,6 +147,7 @@ def test_pages_return_every_subscription_once_in_creation_order(client, auth, cl
 
 
 @pytest.mark.parametrize("limit", [1, 2, 3, 7, 100])
+@pytest.mark.both_databases
 def test_pages_are_complete_and_stable_within_one_millisecond(client, auth, clock, limit):
     created = {create(client, auth).get_json()["id"] for _ in range(5)}
     clock.advance(0.001)
@@ -156,6 +157,7 @@ def test_pages_are_complete_and_stable_within_one_millisecond(client, auth, cloc
     assert len(paged) == 6 and set(paged[:5]) == created and paged[5] == later
 
 
+@pytest.mark.both_databases
 def test_cursor_survives_deletion_of_the_last_row_it_saw(client, auth, clock):
     created = []
     for _ in range(4):
@@ -238,6 +240,7 @@ def test_delete_is_204_with_an_empty_body(client, auth):
     assert (response.status_code, response.data) == (204, b"")
 
 
+@pytest.mark.both_databases
 def test_deleted_subscription_is_no_longer_listed(client, auth):
     kept, gone = (create(client, auth).get_json()["id"] for _ in range(2))
     client.delete(f"{WEBHOOKS}/{gone}", headers=auth)
@@ -255,6 +258,7 @@ def test_deleting_an_unknown_subscription_is_404(client, auth, subscription):
     assert not_found(client.delete(f"{WEBHOOKS}/{subscription}", headers=auth))
 
 
+@pytest.mark.both_databases
 def test_another_organizations_subscription_is_404_and_survives(client, issue_key):
     acme, globex = bearer(issue_key("acme")), bearer(issue_key("globex"))
     theirs = create(client, globex).get_json()["id"]
@@ -275,6 +279,7 @@ def full(client, auth):
     return created
 
 
+@pytest.mark.both_databases
 def test_the_101st_subscription_is_422(client, auth, full):
     response = create(client, auth)
     assert [error["code"] for error in validation_errors(response)] == ["too_many_subscriptions"]
@@ -285,6 +290,7 @@ def test_the_cap_is_per_organization(client, full, issue_key):
     assert create(client, bearer(issue_key("globex"))).status_code == 201
 
 
+@pytest.mark.both_databases
 def test_deleting_one_makes_room_again(client, auth, full):
     client.delete(f"{WEBHOOKS}/{full[0]}", headers=auth)
     assert create(client, auth).status_code == 201
