@@ -1,24 +1,23 @@
 """The application factory and the HTTP API: thin routes that parse, call one domain function, shape."""
 
-import hmac
 import logging
 
 from flask import Blueprint, Flask, current_app, g, request
 
-import ssrf
 from apidocs import docs
 from auth import authenticate, require_scope
 from cli import keys_cli
 from config import load_config
 from delivery import Dispatcher
-from errors import ApiError, register_error_handlers
+from errors import register_error_handlers
 from keys import IDENTITY_READ, WEBHOOKS_MANAGE
 from lookups import Lookups
 from models import db, open_database
-from outbox import TEST_PING, enqueue_test_ping, failures_page
+from outbox import TEST_PING, failures_page, trigger_test_ping
 from pagination import cursor_key, encode_cursor, read_page_args
 from ratelimit import RateLimits
-from subscriptions import create_subscription, delete_subscription, find_subscription, list_subscriptions
+from subscriptions import (create_subscription, delete_subscription, find_subscription, list_subscriptions,
+                           subscription_fields)
 from timestamps import iso, now_ms, to_ms
 from validation import Field, read_json_object, validate
 
@@ -44,7 +43,9 @@ def create_app(overrides: dict | None = None) -> Flask:
         app.extensions["cursor_key"] = cursor_key()
     app.extensions["rate_limits"] = RateLimits(app)
     app.extensions["delivery"] = Dispatcher(app.config)
-    app.extensions["lookups"] = Lookups(app.config["RESOLVER"], threads=8)
+    lookups = Lookups(app.config["RESOLVER"], threads=8)
+    app.extensions["subscription_fields"] = subscription_fields(
+        lookups.within(CREATE_LOOKUP_SECONDS), app.config["ALLOWED_NETWORKS"])
     app.before_request(_open_connection)
     app.teardown_request(_close_connection)
     register_error_handlers(app)
@@ -93,24 +94,6 @@ def me():
 
 # --- webhook subscriptions ----------------------------------------------------------------------
 
-def _check_target(url: str) -> tuple[str, str] | None:
-    try:
-        resolve = current_app.extensions["lookups"].within(CREATE_LOOKUP_SECONDS)
-        ssrf.check_url(url, resolve, current_app.config["ALLOWED_NETWORKS"])
-    except ssrf.UnsafeUrl as error:
-        # A name that does not resolve now (or not in time) cannot be vetted, so it is as invalid
-        # as a malformed URL.
-        code = "invalid_url" if error.code in ("unresolvable", "lookup_timeout") else error.code
-        return code, error.message
-    return None
-
-
-SUBSCRIPTION_FIELDS = (
-    Field("url", required=True, max_length=2048, check=_check_target),
-    Field("description", max_length=255),
-)
-
-
 def subscription_json(subscription, include_secret: bool = False) -> dict:
     body = {
         "id": subscription.id,
@@ -134,9 +117,9 @@ def page_json(rows, position, scope: str, shape) -> dict:
 @api.post("/webhooks")
 @require_scope(WEBHOOKS_MANAGE)
 def create_webhook():
-    fields = validate(read_json_object(), SUBSCRIPTION_FIELDS)
+    fields = validate(read_json_object(), current_app.extensions["subscription_fields"])
     subscription = create_subscription(g.api_key.organization, fields["url"], fields["description"],
-                                       now_ms())
+                                       now_ms(current_app.config["CLOCK"]))
     location = f"{api.url_prefix}/webhooks/{subscription.id}"
     return subscription_json(subscription, include_secret=True), 201, {"Location": location}
 
@@ -166,16 +149,11 @@ TEST_FIELDS = (Field("secret", required=True, max_length=256),)
 @api.post("/webhooks/<subscription_id>/test")
 @require_scope(WEBHOOKS_MANAGE)
 def test_webhook(subscription_id: str):
-    subscription = find_subscription(g.api_key.organization, subscription_id)
     secret = validate(read_json_object(), TEST_FIELDS)["secret"]
-    if not hmac.compare_digest(secret.encode(), subscription.secret.encode()):
-        raise ApiError(403, "secret_mismatch", "The secret does not match this subscription's.")
-    if not subscription.active:
-        raise ApiError(409, "subscription_disabled",
-                       "The subscription was auto-disabled after repeated failures.")
-    event = enqueue_test_ping(subscription, g.api_key.key_id, now_ms())
+    event = trigger_test_ping(g.api_key.organization, subscription_id, secret, g.api_key.key_id,
+                              now_ms(current_app.config["CLOCK"]))
     current_app.extensions["delivery"].wake()
-    return {"id": event.id, "event": TEST_PING, "subscription_id": subscription.id,
+    return {"id": event.id, "event": TEST_PING, "subscription_id": subscription_id,
             "status": "queued"}, 202
 
 

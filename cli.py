@@ -1,6 +1,7 @@
 """The operator CLI: `flask keys create|list|revoke|rotate`. Keys have no HTTP endpoint."""
 
 import click
+from flask import current_app
 from flask.cli import AppGroup
 
 from errors import ValidationError
@@ -27,7 +28,7 @@ def create_command(org: str, scopes: tuple[str, ...], rate_limit: int | None) ->
     """Create a key; identity:read is always granted."""
     with db.connection_context():
         try:
-            issued = create_key(org, list(scopes), now_ms(), rate_limit)
+            issued = create_key(org, list(scopes), now_ms(current_app.config["CLOCK"]), rate_limit)
         except ValidationError as error:
             raise click.ClickException(" ".join(e["message"] for e in error.errors)) from None
     _announce(issued)
@@ -51,7 +52,7 @@ def list_command(org: str | None) -> None:
 def revoke_command(key_id: str) -> None:
     """Revoke a key at once; every later request with it gets 401."""
     with db.connection_context():
-        key = revoke_key(key_id, now_ms())
+        key = revoke_key(key_id, now_ms(current_app.config["CLOCK"]))
     if key is None:
         raise click.ClickException(f"No key {key_id!r}.")
     click.echo(f"Key {key_id} revoked at {iso(key.revoked_at)}.")
@@ -62,7 +63,7 @@ def revoke_command(key_id: str) -> None:
 def rotate_command(key_id: str) -> None:
     """Create a key with the same organization, scopes and limit, and revoke the old one."""
     with db.connection_context():
-        issued = rotate_key(key_id, now_ms())
+        issued = rotate_key(key_id, now_ms(current_app.config["CLOCK"]))
     if issued is None:
         raise click.ClickException(f"No active key {key_id!r}.")
     click.echo(f"Key {key_id} revoked.", err=True)

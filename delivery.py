@@ -25,8 +25,8 @@ import ssrf
 import transport
 from lookups import Lookups
 from models import db
-from outbox import Claim, Outcome, claim_due, record_failure, record_success
-from retry import MAX_JITTER, next_attempt_at
+from outbox import Claim, Recorded, claim_due, record_attempt
+from retry import MAX_JITTER, RetryPolicy
 from timestamps import to_ms
 
 log = logging.getLogger(__name__)
@@ -51,8 +51,7 @@ class Dispatcher:
         self.transport = transport.Transport(config["DELIVERY_CA_BUNDLE"])
         self.allowed_networks = config["ALLOWED_NETWORKS"]
         self.timeout = config["DELIVERY_TIMEOUT"]
-        self.delays = config["DELIVERY_RETRY_DELAYS"]
-        self.threshold = config["AUTO_DISABLE_THRESHOLD"]
+        self.policy = RetryPolicy(config["DELIVERY_RETRY_DELAYS"], config["AUTO_DISABLE_THRESHOLD"])
         self.concurrency = config["DELIVERY_CONCURRENCY"]
         self.poll_interval = config["DELIVERY_POLL_INTERVAL"]
         self.enabled = config["SCHEDULER_ENABLED"]
@@ -152,27 +151,16 @@ class Dispatcher:
 
     # --- one attempt ---------------------------------------------------------------------------
 
-    def attempt(self, claim: Claim) -> Outcome:
-        """Make one attempt of a claimed delivery and record its outcome."""
+    def attempt(self, claim: Claim) -> Recorded:
+        """Make one attempt of a claimed delivery: send, record, log."""
         attempted_at = self._now_ms()
         result = self._send(claim)
-        outcome = Outcome(result.ok, result.http_status, result.error, result.response_excerpt,
-                          result.duration_ms, attempted_at, self._now_ms())
+        finished_at = self._now_ms()
         with db.connection_context():
-            if outcome.ok:
-                recorded = record_success(claim)
-                next_at = None
-            else:
-                jitter = self.random.uniform(0, MAX_JITTER)
-                next_at = next_attempt_at(claim.attempt, outcome.finished_at, self.delays, jitter)
-                recorded, next_at = record_failure(claim, outcome, next_at, self.threshold)
-        log.info("delivery event=%s subscription=%s attempt=%d outcome=%s http_status=%s "
-                 "duration_ms=%d next_attempt_in_ms=%s%s",
-                 claim.event_id, claim.subscription_id, claim.attempt,
-                 "delivered" if outcome.ok else outcome.error, outcome.http_status,
-                 outcome.duration_ms, next_at - outcome.finished_at if next_at else None,
-                 "" if recorded else " (lease lost: not recorded)")
-        return outcome
+            recorded = record_attempt(claim, result, attempted_at, finished_at, self.policy,
+                                      jitter=self.random.uniform(0, MAX_JITTER))
+        _log_attempt(claim, result, recorded, finished_at)
+        return recorded
 
     def _send(self, claim: Claim) -> transport.AttemptResult:
         """Vet the target again (DNS may have changed) and POST the signed body to a vetted address,
@@ -196,6 +184,16 @@ class Dispatcher:
 
     def _now_ms(self) -> int:
         return to_ms(self.clock())
+
+
+def _log_attempt(claim: Claim, result: transport.AttemptResult, recorded: Recorded,
+                 finished_at: int) -> None:
+    next_at = recorded.next_attempt_at
+    log.info("delivery event=%s subscription=%s attempt=%d outcome=%s http_status=%s "
+             "duration_ms=%d next_attempt_in_ms=%s%s",
+             claim.event_id, claim.subscription_id, claim.attempt, result.error or "delivered",
+             result.http_status, result.duration_ms, next_at - finished_at if next_at else None,
+             "" if recorded.recorded else " (lease lost: not recorded)")
 
 
 def _utcnow() -> datetime:

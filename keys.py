@@ -7,7 +7,7 @@ import secrets
 from dataclasses import dataclass
 
 from errors import ValidationError, field_error
-from models import ApiKey, Organization, db, new_id, random_token, run_sql
+from models import ApiKey, Organization, new_id, random_token, select_rows, write_transaction
 
 KEY_PREFIX = "vck_"
 KEY_ID_LENGTH = 20
@@ -64,19 +64,21 @@ def find_active_key(full_key: str) -> ApiKey | None:
 # Every API request runs this lookup, so it is written once as SQL rather than built by the ORM
 # each time (which cost a quarter of a request). Portable: the same text runs on SQLite and PostgreSQL.
 _KEY_LOOKUP = ('SELECT k.key_id, k.secret_hash, k.scopes, k.created_at, k.revoked_at, '
-               'o.id, o.slug, o.rate_limit_per_minute, o.created_at '
+               'o.id AS org_id, o.slug, o.rate_limit_per_minute, o.created_at AS org_created_at '
                'FROM api_key AS k JOIN organization AS o ON o.id = k.organization_id '
                'WHERE k.key_id = {p}')
 
 
 def _load_key(key_id: str) -> ApiKey | None:
     """The key (revoked or not) with its organization, in one query."""
-    row = run_sql(_KEY_LOOKUP, (key_id,)).fetchone()
-    if row is None:
+    rows = select_rows(_KEY_LOOKUP, (key_id,))
+    if not rows:
         return None
-    org = Organization(id=row[5], slug=row[6], rate_limit_per_minute=row[7], created_at=row[8])
-    return ApiKey(key_id=row[0], secret_hash=row[1], scopes=row[2], created_at=row[3],
-                  revoked_at=row[4], organization=org)
+    row = rows[0]
+    org = Organization(id=row["org_id"], slug=row["slug"], rate_limit_per_minute=row["rate_limit_per_minute"],
+                       created_at=row["org_created_at"])
+    return ApiKey(key_id=row["key_id"], secret_hash=row["secret_hash"], scopes=row["scopes"],
+                  created_at=row["created_at"], revoked_at=row["revoked_at"], organization=org)
 
 
 def check_scopes(requested: list[str]) -> list[str]:
@@ -104,7 +106,7 @@ def create_key(slug: str, scopes: list[str], now_ms: int, rate_limit: int | None
     """Issue a key for the organization `slug`, creating the organization on first use."""
     scope_list = check_scopes(scopes)
     check_slug(slug)
-    with db.atomic():
+    with write_transaction():
         org = Organization.get_or_none(Organization.slug == slug)
         if org is None:
             org = Organization.create(id=new_id("org"), slug=slug, created_at=now_ms,
@@ -120,7 +122,7 @@ def create_key(slug: str, scopes: list[str], now_ms: int, rate_limit: int | None
 
 def revoke_key(key_id: str, now_ms: int) -> ApiKey | None:
     """Revoke a key at once; None when there is no such key. Revoking twice keeps the first time."""
-    with db.atomic():
+    with write_transaction():
         key = ApiKey.get_or_none(ApiKey.key_id == key_id)
         if key is not None and key.revoked_at is None:
             key.revoked_at = now_ms
@@ -130,7 +132,7 @@ def revoke_key(key_id: str, now_ms: int) -> ApiKey | None:
 
 def rotate_key(key_id: str, now_ms: int) -> IssuedKey | None:
     """Issue a key with the same organization and scopes, then revoke the old one, atomically."""
-    with db.atomic():
+    with write_transaction():
         old = ApiKey.select(ApiKey, Organization).join(Organization).where(
             ApiKey.key_id == key_id, ApiKey.revoked_at.is_null()).first()
         if old is None:

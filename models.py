@@ -99,6 +99,13 @@ def run_sql(template: str, params, ids: int = 0, **parts: str):
     return db.execute_sql(template.format(p=p, ids=", ".join([p] * ids), **parts), tuple(params))
 
 
+def select_rows(template: str, params, ids: int = 0, **parts: str) -> list[dict]:
+    """run_sql, with each row read by column name (`AS` names it): rows never read by position."""
+    cursor = run_sql(template, params, ids, **parts)
+    names = [column[0] for column in cursor.description]
+    return [dict(zip(names, row)) for row in cursor.fetchall()]
+
+
 # SQLite allows one writer. Writers of this process queue on this lock instead of in SQLite's busy
 # handler, which sleeps in steps of 1 to 100 ms and starves a busy process; other processes still
 # wait in the busy handler. Re-entrant, so write transactions nest.

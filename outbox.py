@@ -5,38 +5,50 @@ with a lease; HTTP happens outside any transaction; finishing is a second short 
 counts if the lease is still ours.
 """
 
+import hmac
 import json
 import uuid
 from dataclasses import dataclass
 
+from errors import ApiError
+
 from models import (IN_FLIGHT_CONDITION, IS_OPEN, OPEN_CONDITION, Delivery, Event, Failure,
-                    Subscription, is_sqlite, new_id, random_token, run_sql, write_transaction)
+                    Organization, Subscription, is_sqlite, new_id, random_token, run_sql, select_rows, write_transaction)
 from pagination import keyset_page
-from retry import reaches_auto_disable
+from retry import RetryPolicy
+from subscriptions import find_subscription
 from timestamps import iso
+from transport import AttemptResult
 
 TEST_PING = "vc.test.ping"
 
 # Every attempt runs these, so they are written once as SQL rather than built by the ORM each time:
 # peewee spent more of the dispatcher's CPU compiling them than SQLite spent running them
-# (bench/delivery_throughput). Portable, like keys._KEY_LOOKUP, and run by models.run_sql; the
-# state conditions are the partial indexes' own (models), so the indexes still apply.
+# (bench/delivery_throughput). Portable, like keys._KEY_LOOKUP, and run by models.run_sql, which
+# fills every {name} in one pass; the state conditions are the partial indexes' own (models), so
+# the indexes still apply.
 _CLAIM = ('UPDATE delivery SET state = {p}, due_at = {p}, lease_token = {p} WHERE event_id IN '
-          f'(SELECT event_id FROM delivery WHERE {OPEN_CONDITION} '
-          'AND due_at <= {p} AND subscription_id NOT IN (SELECT subscription_id FROM delivery '
-          f'WHERE {IN_FLIGHT_CONDITION} AND due_at > {{p}}){{healthy}} ORDER BY due_at LIMIT {{p}}{{lock}}) '
+          '(SELECT event_id FROM delivery WHERE {open} AND due_at <= {p} '
+          'AND subscription_id NOT IN (SELECT subscription_id FROM delivery '
+          'WHERE {in_flight} AND due_at > {p}){healthy} ORDER BY due_at LIMIT {p}{lock}) '
           'RETURNING event_id, attempts')
-# Added to _CLAIM when subscriptions whose last attempt failed may not take another slot.
+# Added to _CLAIM when subscriptions whose last attempt failed may not take another slot. Disabled
+# subscriptions are never claimed: their open deliveries are dead-lettered when they are disabled.
 _ONLY_HEALTHY = (' AND NOT EXISTS (SELECT 1 FROM subscription AS s WHERE s.id = delivery.subscription_id '
                  'AND s.consecutive_failures > 0)')
-_CLAIMED = ('SELECT e.id, e.kind, e.body, e.created_at, s.id, s.url, s.secret, s.consecutive_failures '
-            'FROM event AS e JOIN subscription AS s ON s.id = e.subscription_id WHERE e.id IN ({ids})')
+_CLAIMED = ('SELECT e.id AS event_id, e.kind, e.body, e.created_at, s.id AS subscription_id, s.url, '
+            's.secret, s.consecutive_failures, s.active FROM event AS e '
+            'JOIN subscription AS s ON s.id = e.subscription_id WHERE e.id IN ({ids})')
+# Gives claimed deliveries back (pending, due again) or dead-letters them (dead, no due time).
 _RELEASE = ('UPDATE delivery SET state = {p}, due_at = {p}, lease_token = NULL '
             'WHERE lease_token = {p} AND event_id IN ({ids})')
 _FINISH = ('UPDATE delivery SET state = {p}, attempts = {p}, due_at = {p}, lease_token = NULL '
            'WHERE event_id = {p} AND lease_token = {p}')
 _RESET_STREAK = ('UPDATE subscription SET consecutive_failures = 0 '
                  'WHERE id = {p} AND consecutive_failures <> 0')
+_COUNT_FAILURE = ('UPDATE subscription SET consecutive_failures = consecutive_failures + 1 '
+                  'WHERE id = {p} RETURNING consecutive_failures, active')
+_CONDITIONS = {"open": OPEN_CONDITION, "in_flight": IN_FLIGHT_CONDITION}
 
 
 @dataclass(frozen=True)
@@ -54,15 +66,31 @@ class Claim:
 
 
 @dataclass(frozen=True)
-class Outcome:
-    """What happened to one attempt, as the audit records it."""
-    ok: bool
-    http_status: int | None
-    error: str | None
-    response_excerpt: str
-    duration_ms: int
-    attempted_at: int
-    finished_at: int
+class Recorded:
+    """What recording an attempt did: nothing when the lease was lost (reclaimed, or the subscription
+    deleted); else when the next attempt is due, or that it was dead-lettered, and any auto-disable."""
+    recorded: bool
+    next_attempt_at: int | None = None
+    dead_lettered: bool = False
+    auto_disabled: bool = False
+
+
+NOT_RECORDED = Recorded(False)
+
+
+def trigger_test_ping(org: Organization, subscription_id: str, secret: str, key_id: str,
+                      now_ms: int) -> Event:
+    """The partner's test trigger: 404 unless the organization has the subscription, 403 unless
+    `secret` is its secret, 409 once it is disabled, else a vc.test.ping queued. One transaction, so
+    an auto-disable cannot commit between the check and the enqueue."""
+    with write_transaction():
+        subscription = find_subscription(org, subscription_id)
+        if not hmac.compare_digest(secret.encode(), subscription.secret.encode()):
+            raise ApiError(403, "secret_mismatch", "The secret does not match this subscription's.")
+        if not subscription.active:
+            raise ApiError(409, "subscription_disabled",
+                           "The subscription was auto-disabled after repeated failures.")
+        return enqueue_test_ping(subscription, key_id, now_ms)
 
 
 def enqueue_test_ping(subscription: Subscription, key_id: str, now_ms: int) -> Event:
@@ -112,53 +140,53 @@ def _claim(now_ms: int, limit: int, lease_ms: int, token: str,
     """Mark up to `limit` due deliveries ours: the claims to attempt (one per subscription, its
     oldest event) and the event ids to release (their subscription already has one here)."""
     lock = "" if is_sqlite() else " FOR UPDATE SKIP LOCKED"
-    attempts = dict(run_sql(_CLAIM, (Delivery.IN_FLIGHT, now_ms + lease_ms, token, now_ms, now_ms, limit),
-                            lock=lock, healthy=_ONLY_HEALTHY if only_healthy else "").fetchall())
+    params = (Delivery.IN_FLIGHT, now_ms + lease_ms, token, now_ms, now_ms, limit)
+    attempts = {row["event_id"]: row["attempts"] for row in select_rows(
+        _CLAIM, params, lock=lock, healthy=_ONLY_HEALTHY if only_healthy else "", **_CONDITIONS)}
     if not attempts:
         return [], []
-    rows = run_sql(_CLAIMED, attempts, ids=len(attempts)).fetchall()
-    chosen = {}
-    for row in sorted(rows, key=lambda row: row[3]):  # each subscription's oldest goes now
-        chosen.setdefault(row[4], row)
+    chosen, disabled = {}, []
+    for row in sorted(select_rows(_CLAIMED, attempts, ids=len(attempts)), key=lambda r: r["created_at"]):
+        if not row["active"]:  # never sent to a disabled subscription: dead-lettered, as disabling does
+            disabled.append(row["event_id"])
+        else:  # each subscription's oldest goes now
+            chosen.setdefault(row["subscription_id"], row)
+    if disabled:
+        run_sql(_RELEASE, (Delivery.DEAD, None, token, *disabled), ids=len(disabled))
     # The attempt number is written only when it finishes: an attempt cut short by a crash is
     # made again under the same number.
-    claims = [Claim(event_id, kind, bytes(body), attempts[event_id] + 1, token, subscription_id, url,
-                    secret, failures > 0)
-              for event_id, kind, body, _, subscription_id, url, secret, failures in chosen.values()]
-    kept = {claim.event_id for claim in claims}
+    claims = [Claim(row["event_id"], row["kind"], bytes(row["body"]), attempts[row["event_id"]] + 1, token,
+                    row["subscription_id"], row["url"], row["secret"], row["consecutive_failures"] > 0)
+              for row in chosen.values()]
+    kept = {claim.event_id for claim in claims} | set(disabled)
     return claims, [event_id for event_id in attempts if event_id not in kept]
 
 
-def record_success(claim: Claim) -> bool:
-    """Mark the delivery delivered and reset the subscription's failure streak."""
+def record_attempt(claim: Claim, result: AttemptResult, attempted_at: int, finished_at: int,
+                   policy: RetryPolicy, jitter: float) -> Recorded:
+    """Record one attempt in one transaction, if the claim's lease is still ours: a success marks the
+    delivery delivered and resets the subscription's failure streak; a failure is audited, counted,
+    and decided by `policy` (next attempt, dead-letter, auto-disable)."""
     with write_transaction():
-        if not _finish(claim, Delivery.DELIVERED, None):
-            return False
-        run_sql(_RESET_STREAK, (claim.subscription_id,))
-    return True
-
-
-def record_failure(claim: Claim, outcome: Outcome, next_at: int | None,
-                   threshold: int) -> tuple[bool, int | None]:
-    """Audit a failed attempt, count it against the subscription, auto-disable it at `threshold`,
-    and schedule the next attempt at `next_at` (None: dead-letter). Returns whether it was
-    recorded (not when the lease was lost: reclaimed or deleted) and the time actually scheduled."""
-    with write_transaction():
+        if result.ok:
+            if not _finish(claim, Delivery.DELIVERED, None):
+                return NOT_RECORDED
+            run_sql(_RESET_STREAK, (claim.subscription_id,))
+            return Recorded(True)
         if not _holds_lease(claim):
-            return False, None
-        Subscription.update(consecutive_failures=Subscription.consecutive_failures + 1).where(
-            Subscription.id == claim.subscription_id).execute()
-        subscription = Subscription.get_by_id(claim.subscription_id)
-        if subscription.active and reaches_auto_disable(subscription.consecutive_failures, threshold):
-            _auto_disable(subscription, outcome.finished_at)
-        if not subscription.active:
-            next_at = None
+            return NOT_RECORDED
+        [streak] = select_rows(_COUNT_FAILURE, (claim.subscription_id,))
+        decision = policy.after_failure(claim.attempt, streak["consecutive_failures"],
+                                        bool(streak["active"]), finished_at, jitter)
+        if decision.auto_disable:
+            _auto_disable(claim.subscription_id, finished_at)
+        next_at = decision.next_attempt_at
         _finish(claim, Delivery.PENDING if next_at else Delivery.DEAD, next_at)
         Failure.create(id=new_id("fail"), subscription=claim.subscription_id, event=claim.event_id,
-                       attempt=claim.attempt, http_status=outcome.http_status, error=outcome.error,
-                       response_excerpt=outcome.response_excerpt, duration_ms=outcome.duration_ms,
-                       attempted_at=outcome.attempted_at, next_attempt_at=next_at)
-    return True, next_at
+                       attempt=claim.attempt, http_status=result.http_status, error=result.error,
+                       response_excerpt=result.response_excerpt, duration_ms=result.duration_ms,
+                       attempted_at=attempted_at, next_attempt_at=next_at)
+    return Recorded(True, next_at, next_at is None, decision.auto_disable)
 
 
 def failures_page(subscription: Subscription, position: list | None, limit: int):
@@ -184,12 +212,11 @@ def _finish(claim: Claim, state: str, due_at: int | None) -> bool:
     return run_sql(_FINISH, params).rowcount > 0
 
 
-def _auto_disable(subscription: Subscription, now_ms: int) -> None:
+def _auto_disable(subscription_id: str, now_ms: int) -> None:
     """Disable the subscription and dead-letter every open delivery to it. Call inside a transaction.
     In-flight ones keep their lease token, so an attempt still running records its outcome, while
     one whose process died is never claimed again."""
-    subscription.active = False
-    subscription.auto_disabled_at = now_ms
-    subscription.save()
+    Subscription.update(active=False, auto_disabled_at=now_ms).where(
+        Subscription.id == subscription_id).execute()
     (Delivery.update(state=Delivery.DEAD, due_at=None)
-     .where(IS_OPEN & (Delivery.subscription == subscription)).execute())
+     .where(IS_OPEN & (Delivery.subscription == subscription_id)).execute())

@@ -10,7 +10,7 @@ import secrets
 from peewee import Tuple
 
 from errors import ValidationError, field_error
-from models import Setting, db
+from models import Setting, write_transaction
 
 DEFAULT_LIMIT = 20
 MAX_LIMIT = 100
@@ -19,7 +19,7 @@ _KEY_SETTING = "cursor_signing_key"
 
 def cursor_key() -> bytes:
     """The service-wide key that signs cursors, generated once and kept in the database."""
-    with db.atomic():
+    with write_transaction():
         Setting.insert(name=_KEY_SETTING, value=secrets.token_hex(32)).on_conflict_ignore().execute()
         return bytes.fromhex(Setting.get_by_id(_KEY_SETTING).value)
 

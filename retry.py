@@ -1,7 +1,8 @@
-"""The retry schedule and the auto-disable rule, as pure functions of values."""
+"""The retry schedule and the failure decision, as pure functions of values."""
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 # Delays may grow by up to 10 % so that retries of many events do not arrive in lockstep;
 # they never shrink below the table.
@@ -25,6 +26,25 @@ def next_attempt_at(attempt: int, finished_at_ms: int, delays: Sequence[float],
     return finished_at_ms + delay_ms + extra_ms
 
 
-def reaches_auto_disable(consecutive_failures: int, threshold: int) -> bool:
-    """True once a subscription has failed `threshold` attempts in a row."""
-    return consecutive_failures >= threshold
+@dataclass(frozen=True)
+class Decision:
+    """What follows a failed attempt: the next attempt (None: dead-letter) and whether the
+    subscription is auto-disabled now."""
+    next_attempt_at: int | None
+    auto_disable: bool
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """The schedule (seconds between attempts) and the auto-disable threshold."""
+    delays: Sequence[float]
+    auto_disable_threshold: int
+
+    def after_failure(self, attempt: int, consecutive_failures: int, active: bool,
+                      finished_at_ms: int, jitter: float) -> Decision:
+        """The one failure decision. `consecutive_failures` already counts this attempt; `active`
+        is the subscription's state before it. A disabled subscription is never retried."""
+        auto_disable = active and consecutive_failures >= self.auto_disable_threshold
+        if auto_disable or not active:
+            return Decision(None, auto_disable)
+        return Decision(next_attempt_at(attempt, finished_at_ms, self.delays, jitter), False)

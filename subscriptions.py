@@ -2,12 +2,36 @@
 
 import secrets
 
+import ssrf
 from errors import ApiError, ValidationError, field_error
 from models import Organization, Subscription, is_sqlite, new_id, write_transaction
 from pagination import keyset_page
+from validation import Check, Field
 
 MAX_SUBSCRIPTIONS = 100
+MAX_DESCRIPTION_LENGTH = 255
 SECRET_PREFIX = "whsec_"
+
+
+def subscription_fields(resolve: ssrf.Resolver, allowed_networks) -> tuple[Field, ...]:
+    """The fields of a subscription definition; the URL is vetted with `resolve`."""
+    return (Field("url", required=True, max_length=ssrf.MAX_URL_LENGTH,
+                  check=target_check(resolve, allowed_networks)),
+            Field("description", max_length=MAX_DESCRIPTION_LENGTH))
+
+
+def target_check(resolve: ssrf.Resolver, allowed_networks) -> Check:
+    """The SSRF guard's verdict on a URL, as a field error."""
+    def check(url: str) -> tuple[str, str] | None:
+        try:
+            ssrf.check_url(url, resolve, allowed_networks)
+        except ssrf.UnsafeUrl as error:
+            # A name that does not resolve now (or not in time) cannot be vetted, so it is as
+            # invalid as a malformed URL.
+            code = "invalid_url" if error.code in ("unresolvable", "lookup_timeout") else error.code
+            return code, error.message
+        return None
+    return check
 
 
 def create_subscription(org: Organization, url: str, description: str | None,

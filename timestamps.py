@@ -2,8 +2,6 @@
 
 from datetime import datetime, timezone
 
-from flask import current_app
-
 
 def iso(ms: int | None) -> str | None:
     """RFC 3339 UTC with milliseconds and Z, e.g. 2026-11-22T10:15:30.123Z."""
@@ -17,6 +15,6 @@ def to_ms(seconds: float) -> int:
     return int(seconds * 1000)
 
 
-def now_ms() -> int:
-    """The service's current time (the CLOCK setting, injectable in tests) in Unix milliseconds."""
-    return to_ms(current_app.config["CLOCK"]())
+def now_ms(clock) -> int:
+    """`clock` (Unix seconds: the CLOCK setting, injectable in tests) read in Unix milliseconds."""
+    return to_ms(clock())

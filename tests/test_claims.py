@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from models import Delivery, Event, Organization, Subscription, db, open_database
-from outbox import claim_due, record_success
+from outbox import claim_due
 
 NOW = 1_800_000_000_000
 LEASE = 40_000
@@ -99,20 +99,6 @@ def test_four_threads_claim_every_due_delivery_exactly_once(due):
         thread.join()
     assert len(per_thread) == 4
     assert_claimed_exactly_once(per_thread, due)
-
-
-def test_an_expired_lease_is_claimed_again_and_only_the_new_claim_counts(due):
-    with db.connection_context():
-        first = claim_due(NOW, DUE, LEASE)
-        assert claim_due(NOW + LEASE - 1, DUE, LEASE) == []
-        second = claim_due(NOW + LEASE, DUE, LEASE)
-        assert {c.event_id for c in first} == {c.event_id for c in second} == due
-        assert {c.attempt for c in second} == {1}  # the interrupted attempt is made again
-        assert not record_success(first[0])
-        assert record_success(next(c for c in second if c.event_id == first[0].event_id))
-        assert claim_due(NOW + 2 * LEASE - 1, DUE, LEASE) == []
-        third = claim_due(NOW + 2 * LEASE, DUE, LEASE)
-        assert {c.event_id for c in third} == due - {first[0].event_id}  # delivered: never again
 
 
 def test_a_claim_that_excludes_failing_subscriptions_takes_every_other_due_delivery(due):

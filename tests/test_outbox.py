@@ -4,18 +4,25 @@ Nothing here makes an HTTP request: attempts are claimed and their outcomes reco
 """
 
 import json
+import threading
 import uuid
 
 import pytest
 
+from errors import ApiError
 from keys import create_key
 from models import Delivery, Event, Failure, Subscription, db
-from outbox import Outcome, claim_due, enqueue_test_ping, failures_page, record_failure, record_success
+from outbox import (NOT_RECORDED, Recorded, claim_due, enqueue_test_ping, failures_page, record_attempt,
+                    trigger_test_ping)
+from retry import RetryPolicy
 from subscriptions import create_subscription, delete_subscription
+from transport import AttemptResult
 
 NOW = 1_800_000_000_123  # 2027-01-15T08:00:00.123Z, Unix ms
 LEASE = 40_000
 THRESHOLD = 20
+POLICY = RetryPolicy([60, 300, 1800, 7200, 21600, 86400], THRESHOLD)
+LAST = RetryPolicy([], THRESHOLD)  # every attempt is the last one
 URL = "http://93.184.215.14/hook"  # never contacted: nothing here sends
 
 
@@ -52,9 +59,19 @@ def ping(subscription, at: int = NOW) -> Event:
     return enqueue_test_ping(subscription, "KEYID", at)
 
 
-def failed(at: int = NOW, http_status: int | None = 500, error: str = "http_status",
-           excerpt: str = "oops", duration_ms: int = 41) -> Outcome:
-    return Outcome(False, http_status, error, excerpt, duration_ms, at, at + duration_ms)
+def failed(http_status: int | None = 500, error: str = "http_status", excerpt: str = "oops",
+           duration_ms: int = 41) -> AttemptResult:
+    return AttemptResult(False, http_status, error, excerpt, duration_ms)
+
+
+def fail(claim, result: AttemptResult | None = None, at: int = NOW, policy: RetryPolicy = POLICY) -> Recorded:
+    """Record a failed attempt made at `at` (finished `duration_ms` later), without jitter."""
+    result = result or failed()
+    return record_attempt(claim, result, at, at + result.duration_ms, policy, jitter=0)
+
+
+def succeed(claim, at: int = NOW) -> Recorded:
+    return record_attempt(claim, AttemptResult(True, 200, None, "", 12), at, at + 12, POLICY, jitter=0)
 
 
 def claim_one(now: int = NOW):
@@ -201,7 +218,7 @@ def test_a_subscription_has_at_most_one_delivery_in_flight(subscription):
 
 def test_the_next_delivery_of_a_subscription_is_claimed_once_the_first_finishes(subscription):
     oldest, newer = ping(subscription, NOW), ping(subscription, NOW + 1)
-    record_success(claim_one(NOW + 10))
+    succeed(claim_one(NOW + 10))
     assert claim_one(NOW + 10).event_id == newer.id
 
 
@@ -249,8 +266,8 @@ def test_a_limit_below_one_claims_nothing(subscription, limit):
 
 def test_finished_deliveries_are_never_claimed(subscription):
     delivered, dead = ping(subscription), ping(subscription)
-    record_success(claim_due(NOW, 1, LEASE)[0])
-    record_failure(claim_one(), failed(), None, THRESHOLD)
+    succeed(claim_due(NOW, 1, LEASE)[0])
+    fail(claim_one(), policy=LAST)
     assert {delivery(delivered.id).state, delivery(dead.id).state} == {"delivered", "dead"}
     assert claim_due(NOW + 365 * 86_400_000, 10, LEASE) == []
 
@@ -259,7 +276,7 @@ def test_finished_deliveries_are_never_claimed(subscription):
 
 def test_success_marks_the_delivery_delivered(subscription):
     event = ping(subscription)
-    assert record_success(claim_one()) is True
+    assert succeed(claim_one()).recorded
     row = delivery(event.id)
     assert (row.state, row.attempts, row.due_at, row.lease_token) == ("delivered", 1, None, None)
     assert Failure.select().count() == 0
@@ -268,7 +285,7 @@ def test_success_marks_the_delivery_delivered(subscription):
 def test_success_resets_consecutive_failures(subscription):
     ping(subscription)
     fail_streak(subscription, 7)
-    record_success(claim_one())
+    succeed(claim_one())
     assert reload(subscription).consecutive_failures == 0
 
 
@@ -277,8 +294,8 @@ def test_success_resets_consecutive_failures(subscription):
 def test_a_failure_is_audited_with_its_fields(subscription):
     event = ping(subscription)
     claim = claim_one()
-    outcome = Outcome(False, 503, "http_status", "busy", 1234, NOW + 10, NOW + 1244)
-    assert record_failure(claim, outcome, NOW + 61_244, THRESHOLD) == (True, NOW + 61_244)
+    result = AttemptResult(False, 503, "http_status", "busy", 1234)
+    assert fail(claim, result, at=NOW + 10) == Recorded(True, NOW + 61_244)
     [failure] = Failure.select()
     assert failure.id.startswith("fail_")
     assert (failure.subscription_id, failure.event_id, failure.attempt, failure.http_status, failure.error,
@@ -288,29 +305,29 @@ def test_a_failure_is_audited_with_its_fields(subscription):
 
 def test_a_failure_without_a_response_has_no_http_status(subscription):
     ping(subscription)
-    record_failure(claim_one(), failed(http_status=None, error="timeout", excerpt=""), NOW + 60_000, THRESHOLD)
+    fail(claim_one(), failed(http_status=None, error="timeout", excerpt=""))
     assert (Failure.get().http_status, Failure.get().error) == (None, "timeout")
 
 
 def test_a_failure_counts_against_the_subscription(subscription):
     ping(subscription)
-    record_failure(claim_one(), failed(), NOW + 60_000, THRESHOLD)
+    fail(claim_one())
     assert reload(subscription).consecutive_failures == 1
 
 
 def test_a_failure_with_a_next_attempt_waits_for_it(subscription):
     event = ping(subscription)
-    record_failure(claim_one(), failed(), NOW + 60_000, THRESHOLD)
+    fail(claim_one())
     row = delivery(event.id)
-    assert (row.state, row.attempts, row.due_at, row.lease_token) == ("pending", 1, NOW + 60_000, None)
-    assert claim_due(NOW + 59_999, 10, LEASE) == []
-    [claim] = claim_due(NOW + 60_000, 10, LEASE)
+    assert (row.state, row.attempts, row.due_at, row.lease_token) == ("pending", 1, NOW + 60_041, None)
+    assert claim_due(NOW + 60_040, 10, LEASE) == []
+    [claim] = claim_due(NOW + 60_041, 10, LEASE)
     assert (claim.event_id, claim.attempt) == (event.id, 2)
 
 
 def test_a_failure_without_a_next_attempt_is_dead_lettered(subscription):
     event = ping(subscription)
-    assert record_failure(claim_one(), failed(), None, THRESHOLD) == (True, None)
+    assert fail(claim_one(), policy=LAST) == Recorded(True, None, dead_lettered=True)
     row = delivery(event.id)
     assert (row.state, row.attempts, row.due_at, row.lease_token) == ("dead", 1, None, None)
     assert Failure.get().next_attempt_at is None
@@ -323,15 +340,15 @@ def test_attempt_numbers_follow_the_recorded_attempts(subscription):
     for attempt in range(1, 4):
         claim = claim_one(now)
         assert claim.attempt == attempt
-        record_failure(claim, failed(now), now + 1000, THRESHOLD)
-        now += 1000
+        fail(claim, at=now, policy=RetryPolicy([1] * 6, THRESHOLD))
+        now += 2000
     assert [f.attempt for f in Failure.select().order_by(Failure.attempt)] == [1, 2, 3]
 
 
 def test_one_short_of_the_threshold_stays_active(subscription):
     ping(subscription)
     fail_streak(subscription, THRESHOLD - 2)
-    record_failure(claim_one(), failed(), NOW + 60_000, THRESHOLD)
+    fail(claim_one())
     state = reload(subscription)
     assert (state.active, state.consecutive_failures, state.auto_disabled_at) == (True, THRESHOLD - 1, None)
 
@@ -339,11 +356,10 @@ def test_one_short_of_the_threshold_stays_active(subscription):
 def test_reaching_the_threshold_auto_disables_at_the_finish_time(subscription):
     event = ping(subscription)
     fail_streak(subscription, THRESHOLD - 1)
-    outcome = failed(NOW + 5)
-    assert record_failure(claim_one(), outcome, NOW + 60_000, THRESHOLD) == (True, None)
+    assert fail(claim_one(), at=NOW + 5) == Recorded(True, None, dead_lettered=True, auto_disabled=True)
     state = reload(subscription)
     assert (state.active, state.consecutive_failures, state.auto_disabled_at) == \
-        (False, THRESHOLD, outcome.finished_at)
+        (False, THRESHOLD, NOW + 5 + 41)
     assert (delivery(event.id).state, delivery(event.id).due_at) == ("dead", None)
     assert Failure.get().next_attempt_at is None
 
@@ -353,7 +369,7 @@ def test_auto_disable_dead_letters_the_other_pending_deliveries(subscription, ot
     waiting = [ping(subscription, NOW + offset) for offset in (1, 60_000, 86_400_000)]
     elsewhere = ping(other_subscription, NOW + 1)
     fail_streak(subscription, THRESHOLD - 1)
-    record_failure(claim_one(), failed(), NOW + 60_000, THRESHOLD)
+    fail(claim_one())
     assert [(delivery(e.id).state, delivery(e.id).due_at) for e in [failing, *waiting]] == [("dead", None)] * 4
     assert delivery(elsewhere.id).state == "pending"
     assert [c.event_id for c in claim_due(NOW + 365 * 86_400_000, 10, LEASE)] == [elsewhere.id]
@@ -364,19 +380,18 @@ def test_a_failure_finishing_after_the_auto_disable_is_dead_lettered(subscriptio
     fail_streak(subscription, THRESHOLD - 1)
     stale = claim_one(NOW + 1)  # stuck past its lease, then taken over
     disabling = claim_one(NOW + 1 + LEASE + 1)
-    disabled = failed(NOW + LEASE + 10)
-    record_failure(disabling, disabled, NOW + 60_000 + LEASE, THRESHOLD)
-    assert record_failure(stale, failed(NOW + LEASE + 20), NOW + 60_000 + LEASE, THRESHOLD) == (False, None)
+    fail(disabling, at=NOW + LEASE + 10)
+    assert fail(stale, at=NOW + LEASE + 20) == NOT_RECORDED
     assert (delivery(disabling.event_id).state, delivery(disabling.event_id).due_at) == ("dead", None)
     state = reload(subscription)
-    assert (state.active, state.auto_disabled_at) == (False, disabled.finished_at)
+    assert (state.active, state.auto_disabled_at) == (False, NOW + LEASE + 10 + 41)
 
 
 def test_a_failure_on_a_disabled_subscription_is_dead_lettered(subscription):
     event = ping(subscription)
     claim = claim_one()
     Subscription.update(active=False, auto_disabled_at=NOW - 1).where(Subscription.id == subscription.id).execute()
-    assert record_failure(claim, failed(), NOW + 60_000, THRESHOLD) == (True, None)
+    assert fail(claim) == Recorded(True, None, dead_lettered=True)
     assert delivery(event.id).state == "dead"
     assert reload(subscription).auto_disabled_at == NOW - 1  # the first disable time is kept
 
@@ -388,9 +403,52 @@ def test_a_crashed_attempt_is_not_resent_after_the_subscription_is_auto_disabled
      .where(Delivery.event == crashed.id).execute())
     fail_streak(subscription, THRESHOLD - 1)
     disabling = claim_one(NOW + 1)
-    record_failure(disabling, failed(NOW + 10), NOW + 60_000, THRESHOLD)
+    fail(disabling, at=NOW + 10)
     assert delivery(crashed.id).state == "dead"
     assert claim_due(NOW + LEASE + 1000, 10, LEASE) == []
+
+
+@pytest.mark.both_databases
+def test_a_ping_racing_an_auto_disable_is_never_sent(app, subscription):
+    """Pings and the failures that disable the subscription commit in any order: afterwards nothing
+    for it is left to claim, and every ping either was refused (409) or was dead-lettered."""
+    org = subscription.organization
+    fail_streak(subscription, THRESHOLD - 1)
+    ping(subscription)
+    failing = claim_one()
+    outcomes, start = [], threading.Barrier(2)
+
+    def trigger_pings():
+        start.wait()
+        with app.app_context(), db.connection_context():
+            for _ in range(20):
+                try:
+                    trigger_test_ping(org, subscription.id, subscription.secret, "KEYID", NOW + 1)
+                    outcomes.append("queued")
+                except ApiError as error:
+                    outcomes.append(error.code)
+
+    def disable():
+        start.wait()
+        with app.app_context(), db.connection_context():
+            fail(failing, at=NOW + 1)
+
+    threads = [threading.Thread(target=trigger_pings), threading.Thread(target=disable)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert reload(subscription).active is False
+    assert set(outcomes) <= {"queued", "subscription_disabled"} and len(outcomes) == 20
+    assert claim_due(NOW + 365 * 86_400_000, 100, LEASE) == []
+    assert {d.state for d in Delivery.select()} == {"dead"}
+
+
+def test_a_delivery_left_for_a_disabled_subscription_is_dead_lettered_not_claimed(subscription):
+    event = ping(subscription)
+    Subscription.update(active=False, auto_disabled_at=NOW).where(Subscription.id == subscription.id).execute()
+    assert claim_due(NOW + 10, 10, LEASE) == []
+    assert (delivery(event.id).state, delivery(event.id).lease_token) == ("dead", None)
 
 
 # --- lost leases --------------------------------------------------------------------------------
@@ -399,7 +457,7 @@ def test_a_stale_failure_records_nothing(subscription):
     event = ping(subscription)
     stale = claim_one()
     current = claim_one(NOW + LEASE)
-    assert record_failure(stale, failed(), NOW + 60_000, THRESHOLD) == (False, None)
+    assert fail(stale) == NOT_RECORDED
     assert Failure.select().count() == 0
     assert reload(subscription).consecutive_failures == 0
     row = delivery(event.id)
@@ -411,7 +469,7 @@ def test_a_stale_failure_at_the_threshold_does_not_disable(subscription):
     fail_streak(subscription, THRESHOLD - 1)
     stale = claim_one()
     claim_one(NOW + LEASE)
-    record_failure(stale, failed(), NOW + 60_000, THRESHOLD)
+    fail(stale)
     assert (reload(subscription).active, reload(subscription).consecutive_failures) == (True, THRESHOLD - 1)
 
 
@@ -420,7 +478,7 @@ def test_a_stale_success_records_nothing(subscription):
     stale = claim_one()
     current = claim_one(NOW + LEASE)
     fail_streak(subscription, 3)
-    assert record_success(stale) is False
+    assert not succeed(stale).recorded
     assert reload(subscription).consecutive_failures == 3
     assert (delivery(event.id).state, delivery(event.id).lease_token) == ("in_flight", current.lease_token)
 
@@ -429,8 +487,8 @@ def test_the_current_claim_still_finishes_after_a_stale_one_tried(subscription):
     event = ping(subscription)
     stale = claim_one()
     current = claim_one(NOW + LEASE)
-    record_failure(stale, failed(), NOW + 60_000, THRESHOLD)
-    assert record_success(current) is True
+    fail(stale)
+    assert succeed(current).recorded
     assert delivery(event.id).state == "delivered"
 
 
@@ -438,8 +496,8 @@ def test_a_finish_after_the_subscription_was_deleted_records_nothing(subscriptio
     ping(subscription)
     claim = claim_one()
     delete_subscription(subscription)
-    assert record_failure(claim, failed(), NOW + 60_000, THRESHOLD) == (False, None)
-    assert record_success(claim) is False
+    assert fail(claim) == NOT_RECORDED
+    assert not succeed(claim).recorded
     assert Failure.select().count() == 0
 
 
@@ -450,8 +508,8 @@ def test_deleting_a_subscription_deletes_its_events_deliveries_and_failures(subs
         for offset in range(3):
             ping(target, first_due + offset)
     for _ in range(2):  # per subscription, in due order: one retry pending, one dead, one in flight
-        record_failure(claim_one(NOW + 20), failed(), NOW + 60_000, THRESHOLD)
-        record_failure(claim_one(NOW + 20), failed(), None, THRESHOLD)
+        fail(claim_one(NOW + 20))
+        fail(claim_one(NOW + 20), policy=LAST)
         claim_one(NOW + 20)
     assert [count(model, subscription) for model in (Event, Delivery, Failure)] == [3, 3, 2]
     assert sorted(d.state for d in Delivery.select()) == ["dead", "dead", "in_flight", "in_flight",
@@ -477,7 +535,7 @@ def test_the_claim_uses_the_partial_due_index(database, subscription, failing_li
 @pytest.mark.parametrize("position", [None, [NOW + 5, "fail_zzzzzzzzzzzzzzzzzzzz"]], ids=["first", "next"])
 def test_the_failures_page_uses_its_keyset_index(database, subscription, position):
     ping(subscription)
-    record_failure(claim_one(), failed(), NOW + 60_000, THRESHOLD)
+    fail(claim_one())
     plan = query_plan(database, lambda: failures_page(subscription, position, 20))
     assert "failure_subscription_id_attempted_at_id" in plan
     assert "TEMP B-TREE" not in plan  # ordered by the index, not sorted afterwards

@@ -1,8 +1,8 @@
-"""The retry schedule and the auto-disable rule (retry.py): pure values, SPEC.md's delivery table."""
+"""The retry schedule and the failure decision (retry.py): pure values, SPEC.md's delivery table."""
 
 import pytest
 
-from retry import max_attempts, next_attempt_at, reaches_auto_disable
+from retry import Decision, RetryPolicy, max_attempts, next_attempt_at
 
 SECOND = 1000  # the schedule works in milliseconds
 MINUTE = 60 * SECOND
@@ -127,15 +127,31 @@ def test_custom_delays_jitter_stays_in_bounds(jitter):
     assert 10_000 <= wait <= 11_000
 
 
-# --- auto-disable -----------------------------------------------------------------------------
+# --- the failure decision ---------------------------------------------------------------------
 
 @pytest.mark.parametrize("consecutive_failures, disabled", [
-    (0, False), (1, False), (19, False), (20, True), (21, True), (1000, True)])
+    (1, False), (19, False), (20, True), (21, True), (1000, True)])
 def test_auto_disable_at_twenty_consecutive_failures(consecutive_failures, disabled):
-    assert reaches_auto_disable(consecutive_failures, 20) is disabled
+    decision = RetryPolicy(DEFAULT_DELAYS, 20).after_failure(1, consecutive_failures, True, FINISHED_AT, 0)
+    expected_next = None if disabled else FINISHED_AT + MINUTE
+    assert decision == Decision(expected_next, disabled)
 
 
 @pytest.mark.parametrize("threshold, consecutive_failures, disabled", [
-    (1, 0, False), (1, 1, True), (3, 2, False), (3, 3, True)])
+    (1, 1, True), (3, 2, False), (3, 3, True)])
 def test_auto_disable_follows_the_configured_threshold(threshold, consecutive_failures, disabled):
-    assert reaches_auto_disable(consecutive_failures, threshold) is disabled
+    decision = RetryPolicy(DEFAULT_DELAYS, threshold).after_failure(2, consecutive_failures, True, FINISHED_AT, 0)
+    assert decision.auto_disable is disabled
+
+
+def test_the_decision_follows_the_schedule_with_its_jitter():
+    decision = RetryPolicy(DEFAULT_DELAYS, 20).after_failure(3, 3, True, FINISHED_AT, 0.05)
+    assert decision == Decision(next_attempt_at(3, FINISHED_AT, DEFAULT_DELAYS, 0.05), False)
+
+
+def test_the_last_attempt_is_dead_lettered_without_disabling():
+    assert RetryPolicy(DEFAULT_DELAYS, 20).after_failure(7, 7, True, FINISHED_AT, 0) == Decision(None, False)
+
+
+def test_a_disabled_subscription_is_never_retried_nor_disabled_again():
+    assert RetryPolicy(DEFAULT_DELAYS, 20).after_failure(1, 25, False, FINISHED_AT, 0) == Decision(None, False)

@@ -10,7 +10,9 @@ import pytest
 
 from keys import parse_key
 from models import Delivery, Event, Failure, Subscription, db
-from outbox import Outcome, claim_due, record_failure
+from outbox import claim_due, record_attempt
+from retry import RetryPolicy
+from transport import AttemptResult
 from tests.support import WEBHOOKS, bearer
 
 URL = "http://93.184.215.14/hook"
@@ -285,8 +287,8 @@ def fail_every_due_delivery(app, now_ms: int) -> None:
     with app.app_context(), db.connection_context():
         while claims := claim_due(now_ms, 100, 40_000):  # one per subscription at a time
             for claim in claims:
-                outcome = Outcome(False, 500, "http_status", "", 5, now_ms, now_ms + 5)
-                record_failure(claim, outcome, now_ms + 60_000, 20)
+                record_attempt(claim, AttemptResult(False, 500, "http_status", "", 5), now_ms, now_ms + 5,
+                               RetryPolicy([60] * 6, 20), jitter=0)
 
 
 def test_one_subscriptions_failures_cursor_is_refused_for_another(app, client, auth, subscription):
