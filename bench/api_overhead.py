@@ -10,11 +10,10 @@ runs, not how fast the service is, because the client saturates before the serve
 import http.client
 import re
 import shutil
-import threading
 import time
 
 from harness import (API, QUICK, REPO, Partner, Receiver, Service, at_least, cpu_seconds, info, pick,
-                     report, workdir)
+                     report, run_threads, workdir)
 
 SUBSCRIPTIONS = 10  # GET /webhooks lists them all (one page)
 CONNECTIONS = 16
@@ -52,12 +51,8 @@ def python_load(url: str, headers: dict, seconds: float) -> float:
             counts[n] += 1
         connection.close()
 
-    threads = [threading.Thread(target=client, args=(n,)) for n in range(CONNECTIONS)]
     started = time.monotonic()
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    run_threads(client, CONNECTIONS)
     return sum(counts) / (time.monotonic() - started)
 
 

@@ -9,7 +9,7 @@ Each attempt to a dead name waits for its lookup until the delivery deadline and
 
 import random
 
-from harness import REPO, Partner, Receiver, Service, below, info, percentile, pick, report, workdir
+from harness import REPO, Partner, Receiver, Service, below, info, percentile, report, workdir
 from isolation import RATE, SECONDS, TIMEOUT, WAIT_AFTER, drive
 
 SUBSCRIPTIONS = 100

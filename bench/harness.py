@@ -163,6 +163,24 @@ class Service:
         self.stop()
 
 
+def run_threads(target, count: int) -> None:
+    """Run target(n) for each n in range(count), each on a thread of its own; wait for them all."""
+    threads = [threading.Thread(target=target, args=(n,)) for n in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+
+def wait_or_kill(process: subprocess.Popen, seconds: float = 30) -> None:
+    """Give a signalled process `seconds` to end, then kill it."""
+    try:
+        process.wait(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout=5)
+
+
 def child_pids(pid: int) -> list[int]:
     children = []
     for entry in os.listdir("/proc"):
@@ -474,8 +492,4 @@ def profiled(service: Service, name: str):
         yield
     finally:
         process.send_signal(signal.SIGINT)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=5)
+        wait_or_kill(process)

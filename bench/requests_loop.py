@@ -6,10 +6,11 @@ Prints the elapsed seconds.
 """
 
 import argparse
-import threading
 import time
 
 import requests
+
+from harness import run_threads
 
 
 def main() -> None:
@@ -39,11 +40,7 @@ def main() -> None:
                     failures.append(response.status_code)
 
     started = time.monotonic()
-    threads = [threading.Thread(target=worker, args=(n,)) for n in range(args.threads)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    run_threads(worker, args.threads)
     print(f"{time.monotonic() - started:.6f} {len(failures)}")
 
 

@@ -10,7 +10,7 @@ import sys
 import time
 from datetime import datetime, timezone
 
-from harness import BENCH_DIR, QUICK, RESULTS_DIR, fmt, machine, table
+from harness import BENCH_DIR, QUICK, RESULTS_DIR, fmt, machine, table, wait_or_kill
 
 BENCHES = ["api_overhead", "ping_latency", "delivery_throughput", "isolation", "dns_isolation", "state_scale",
            "memory"]
@@ -39,11 +39,7 @@ def stop(process: subprocess.Popen) -> None:
     """SIGTERM first, so the bench stops the servers it started; SIGKILL if it does not end."""
     if process.poll() is None:
         process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        wait_or_kill(process)
 
 
 def main() -> int:

@@ -18,8 +18,9 @@ pytest_plugins = ["tests.servers"]
 
 
 @pytest.fixture
-def clock():
-    return FakeClock()
+def clock(request):
+    """The service clock; it starts at the test module's CLOCK_START (Unix seconds) if it has one."""
+    return FakeClock(getattr(request.module, "CLOCK_START", None))
 
 
 @pytest.fixture

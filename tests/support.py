@@ -4,6 +4,7 @@ resolver, and a free loopback port. Fixtures live in conftest.py; receivers in t
 import socket
 import threading
 import time
+from collections.abc import Callable
 
 API = "/api/v1/partner"
 ME = f"{API}/me"
@@ -24,6 +25,42 @@ def assert_problem(response, status: int, code: str) -> dict:
     assert (body["status"], body["code"], body["type"]) == (status, code, "about:blank")
     assert body["title"] and body["detail"]
     return body
+
+
+def json_of(response, status: int):
+    """The JSON body of a response that must have `status`."""
+    assert response.status_code == status, response.get_data(as_text=True)
+    return response.get_json()
+
+
+def validation_errors(response) -> list[dict]:
+    """The `errors` of a 422 validation problem."""
+    body = assert_problem(response, 422, "validation_error")
+    return body["errors"]
+
+
+def field_codes(response) -> list[tuple]:
+    """(field, code) of each error of a 422 validation problem."""
+    return [(error["field"], error["code"]) for error in validation_errors(response)]
+
+
+def run_together(*work: Callable[[], object]) -> list[Exception]:
+    """Run each callable on a thread of its own, all released at the same moment; returns what
+    they raised."""
+    start, errors = threading.Barrier(len(work)), []
+
+    def run(job):
+        start.wait()
+        try:
+            job()
+        except Exception as error:  # noqa: BLE001 - returned to the test
+            errors.append(error)
+    threads = [threading.Thread(target=run, args=(job,)) for job in work]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return errors
 
 
 def free_port() -> int:

@@ -4,8 +4,11 @@ import pytest
 
 from auth import bearer_key
 from keys import parse_key
-from tests.support import ME, WEBHOOKS, bearer
+from models import Event, db
+from tests.support import ME, WEBHOOKS, assert_problem, bearer, json_of
 
+
+PUBLIC_URL = "https://hooks.partner.example/h"  # resolves to a public address through the stub resolver
 
 
 def assert_unauthorized(response):
@@ -62,13 +65,21 @@ def test_bearer_key_parsing():
     assert bearer_key(None) is None
 
 
-def test_scope_missing_is_403_naming_the_scope(client, issue_key):
-    key = issue_key(scopes=())
-    response = client.get(WEBHOOKS, headers=bearer(key))
-    assert response.status_code == 403
-    assert response.headers["WWW-Authenticate"] == \
-        'Bearer error="insufficient_scope", scope="webhooks:manage"'
-    assert response.get_json()["code"] == "insufficient_scope"
+@pytest.mark.parametrize("method, path", [
+    ("post", WEBHOOKS), ("get", WEBHOOKS), ("delete", WEBHOOKS + "/{id}"), ("post", WEBHOOKS + "/{id}/test"),
+    ("get", WEBHOOKS + "/{id}/failures")], ids=["create", "list", "delete", "test", "failures"])
+def test_a_key_without_the_scope_is_403_naming_it_and_changes_nothing(app, client, issue_key, method, path):
+    manager = bearer(issue_key())
+    subscription = json_of(client.post(WEBHOOKS, json={"url": PUBLIC_URL}, headers=manager), 201)
+    body = {"url": PUBLIC_URL, "secret": subscription["secret"]} if method == "post" else None
+    response = getattr(client, method)(path.format(id=subscription["id"]), json=body,
+                                       headers=bearer(issue_key(scopes=())))
+    assert_problem(response, 403, "insufficient_scope")
+    assert response.get_json()["detail"] == "This endpoint requires the 'webhooks:manage' scope."
+    assert response.headers["WWW-Authenticate"] == 'Bearer error="insufficient_scope", scope="webhooks:manage"'
+    assert [s["id"] for s in json_of(client.get(WEBHOOKS, headers=manager), 200)["data"]] == [subscription["id"]]
+    with app.app_context(), db.connection_context():
+        assert Event.select().count() == 0
 
 
 def test_identity_read_is_granted_to_every_key(client, issue_key):

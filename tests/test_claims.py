@@ -3,12 +3,12 @@ exactly one of them. Real OS processes and threads with their own connections, o
 PostgreSQL, race to claim the same due deliveries."""
 
 import multiprocessing
-import threading
 
 import pytest
 
 from models import Delivery, Event, Organization, Subscription, db, open_database
 from outbox import claim_due
+from tests.support import run_together
 
 NOW = 1_800_000_000_000
 LEASE = 40_000
@@ -87,16 +87,8 @@ def test_two_processes_claim_every_due_delivery_exactly_once(database_url, due):
 
 
 def test_four_threads_claim_every_due_delivery_exactly_once(due):
-    start, per_thread = threading.Barrier(4), []
-
-    def scan():
-        start.wait()
-        per_thread.append(claim_until_empty())
-    threads = [threading.Thread(target=scan) for _ in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    per_thread = []
+    assert run_together(*[lambda: per_thread.append(claim_until_empty())] * 4) == []
     assert len(per_thread) == 4
     assert_claimed_exactly_once(per_thread, due)
 

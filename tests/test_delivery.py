@@ -10,7 +10,7 @@ import signing
 from outbox import claim_due
 from models import Subscription, db
 from tests.receivers import Receiver, drip, hang
-from tests.support import WEBHOOKS
+from tests.support import WEBHOOKS, json_of
 
 DAY = 86400
 
@@ -30,16 +30,24 @@ def receiver():
 
 
 @pytest.fixture
+def failing(receiver, subscribe) -> dict:
+    """A subscription whose receiver answers every delivery with 500."""
+    receiver.script = [500]
+    return subscribe(receiver.url)
+
+
+@pytest.fixture
 def dispatcher(app):
-    return app.extensions["delivery"]
+    """The app's dispatcher; a test may start its scanner, and it is stopped afterwards."""
+    dispatcher = app.extensions["delivery"]
+    yield dispatcher
+    dispatcher.stop()
 
 
 @pytest.fixture
 def subscribe(client, auth):
     def subscribe(url: str) -> dict:
-        response = client.post(WEBHOOKS, json={"url": url}, headers=auth)
-        assert response.status_code == 201, response.get_json()
-        return response.get_json()
+        return json_of(client.post(WEBHOOKS, json={"url": url}, headers=auth), 201)
     return subscribe
 
 
@@ -54,10 +62,20 @@ def ping(client, auth):
 @pytest.fixture
 def failures(client, auth):
     def failures(subscription: dict, **query) -> dict:
-        response = client.get(f"{WEBHOOKS}/{subscription['id']}/failures", query_string=query, headers=auth)
-        assert response.status_code == 200, response.get_json()
-        return response.get_json()
+        return json_of(client.get(f"{WEBHOOKS}/{subscription['id']}/failures", query_string=query,
+                                  headers=auth), 200)
     return failures
+
+
+@pytest.fixture
+def failed_attempt(dispatcher, ping, failures):
+    def failed_attempt(subscription: dict) -> dict:
+        """Ping, make the attempt, and return its failure record (the only one)."""
+        ping(subscription)
+        dispatcher.run_due()
+        [record] = failures(subscription)["data"]
+        return record
+    return failed_attempt
 
 
 @pytest.fixture
@@ -66,6 +84,20 @@ def listed(client, auth):
         rows = client.get(WEBHOOKS, headers=auth).get_json()["data"]
         return next(row for row in rows if row["id"] == subscription["id"])
     return listed
+
+
+def subscribe_stalled(resolver, subscribe, receiver, name: str) -> dict:
+    """A subscription to `name` at `receiver`: its DNS answers 127.0.0.1 at create time, then stalls."""
+    resolver.answers[name] = ["127.0.0.1"]
+    subscription = subscribe(receiver.url_for(name))
+    resolver.stalled.add(name)
+    return subscription
+
+
+def seconds_taken(action) -> float:
+    started = time.monotonic()
+    action()
+    return time.monotonic() - started
 
 
 def run_for(dispatcher, clock, seconds: float, step: float = 3600) -> None:
@@ -103,17 +135,15 @@ def test_the_body_is_compact_json(dispatcher, receiver, subscribe, ping):
     assert body == json.dumps(json.loads(body), separators=(",", ":"), ensure_ascii=False).encode()
 
 
-def test_seven_attempts_with_the_same_id_and_bytes_then_nothing(dispatcher, receiver, subscribe, ping,
+def test_seven_attempts_with_the_same_id_and_bytes_then_nothing(dispatcher, receiver, failing, ping,
                                                                   clock, failures):
-    receiver.script = [500]
-    subscription = subscribe(receiver.url)
-    ping(subscription)
+    ping(failing)
     run_for(dispatcher, clock, 3 * DAY)
     assert len(receiver.received) == 7
     assert len({r.body for r in receiver.received}) == 1
     assert len({r.headers["X-VC-Event-Id"] for r in receiver.received}) == 1
     assert [r.headers["X-VC-Attempt"] for r in receiver.received] == [str(n) for n in range(1, 8)]
-    records = failures(subscription, limit=100)["data"]
+    records = failures(failing, limit=100)["data"]
     assert [f["attempt"] for f in records] == [7, 6, 5, 4, 3, 2, 1]
     assert all(f["http_status"] == 500 and f["error"] == "http_status" for f in records)
     assert records[0]["next_attempt_at"] is None
@@ -178,14 +208,12 @@ def test_timeout_and_slow_drip_end_at_the_deadline(dispatcher, receiver, subscri
     assert 900 <= record["duration_ms"] < 1500
 
 
-def test_redirect_is_recorded_and_not_followed(dispatcher, subscribe, ping, failures):
+def test_redirect_is_recorded_and_not_followed(failed_attempt, dispatcher, subscribe, ping, failures):
     source, elsewhere = Receiver(script=[302]).start(), Receiver().start()
     try:
         source.redirect_to = elsewhere.url
         subscription = subscribe(source.url)
-        ping(subscription)
-        dispatcher.run_due()
-        [record] = failures(subscription)["data"]
+        record = failed_attempt(subscription)
         assert (record["error"], record["http_status"]) == ("redirect", 302)
         assert elsewhere.received == []
     finally:
@@ -194,48 +222,42 @@ def test_redirect_is_recorded_and_not_followed(dispatcher, subscribe, ping, fail
 
 
 @pytest.mark.both_databases
-def test_twenty_consecutive_failures_auto_disable(dispatcher, receiver, subscribe, ping, clock,
+def test_twenty_consecutive_failures_auto_disable(dispatcher, receiver, failing, ping, clock,
                                                   listed, failures):
-    receiver.script = [500]
-    subscription = subscribe(receiver.url)
     for _ in range(3):  # 3 events x 7 attempts = 21 > 20
-        assert ping(subscription).status_code == 202
+        assert ping(failing).status_code == 202
     run_for(dispatcher, clock, 3 * DAY)
     assert len(receiver.received) == 20
-    state = listed(subscription)
+    state = listed(failing)
     assert (state["active"], state["consecutive_failures"]) == (False, 20)
     assert state["auto_disabled_at"] is not None
-    assert len(failures(subscription, limit=100)["data"]) == 20
-    response = ping(subscription)
+    assert len(failures(failing, limit=100)["data"]) == 20
+    response = ping(failing)
     assert response.status_code == 409
     assert response.get_json()["code"] == "subscription_disabled"
 
 
 @pytest.mark.both_databases
-def test_delete_stops_retries(dispatcher, receiver, subscribe, ping, clock, client, auth):
-    receiver.script = [500]
-    subscription = subscribe(receiver.url)
-    ping(subscription)
+def test_delete_stops_retries(dispatcher, receiver, failing, ping, clock, client, auth):
+    ping(failing)
     dispatcher.run_due()
-    assert client.delete(f"{WEBHOOKS}/{subscription['id']}", headers=auth).status_code == 204
+    assert client.delete(f"{WEBHOOKS}/{failing['id']}", headers=auth).status_code == 204
     run_for(dispatcher, clock, 3 * DAY)
     assert len(receiver.received) == 1
 
 
 @pytest.mark.parametrize("limit", [1, 2, 3, 5, 20, 100])
 @pytest.mark.both_databases
-def test_failure_pages_return_every_failure_exactly_once(dispatcher, receiver, subscribe, ping, clock,
+def test_failure_pages_return_every_failure_exactly_once(dispatcher, receiver, failing, ping, clock,
                                                          failures, limit):
-    receiver.script = [500]
-    subscription = subscribe(receiver.url)
-    ping(subscription)
-    ping(subscription)  # two events fail in the same instant: ties on attempted_at
+    ping(failing)
+    ping(failing)  # two events fail in the same instant: ties on attempted_at
     run_for(dispatcher, clock, 3 * DAY)
-    every = failures(subscription, limit=100)["data"]
+    every = failures(failing, limit=100)["data"]
     assert len(every) == 14
     seen, cursor = [], None
     while True:
-        page = failures(subscription, limit=limit, **({"cursor": cursor} if cursor else {}))
+        page = failures(failing, limit=limit, **({"cursor": cursor} if cursor else {}))
         assert len(page["data"]) <= limit
         seen += [f["id"] for f in page["data"]]
         cursor = page["next_cursor"]
@@ -246,16 +268,14 @@ def test_failure_pages_return_every_failure_exactly_once(dispatcher, receiver, s
 
 
 @pytest.mark.config(WEBHOOK_ALLOWED_NETWORKS=["127.0.0.1/32"])
-def test_dns_rebinding_to_an_internal_address_fails_without_connecting(resolver, dispatcher, subscribe,
+def test_dns_rebinding_to_an_internal_address_fails_without_connecting(failed_attempt, resolver, dispatcher, subscribe,
                                                                        ping, failures):
     internal = Receiver(host="127.0.0.2").start()
     try:
         resolver.answers["rebind.partner.example"] = ["93.184.215.14"]
         subscription = subscribe(f"http://rebind.partner.example:{internal.server.server_port}/hook")
         resolver.answers["rebind.partner.example"] = ["127.0.0.2"]
-        ping(subscription)
-        dispatcher.run_due()
-        [record] = failures(subscription)["data"]
+        record = failed_attempt(subscription)
         assert (record["error"], record["http_status"]) == ("internal_url", None)
         assert internal.received == []
     finally:
@@ -279,13 +299,12 @@ def test_subscriptions_whose_last_attempt_failed_hold_at_most_half_the_slots(app
         assert fast.wait_for(4, seconds=1.5)
         assert len(slow.received) == 2  # the other two wait for a failing slot
     finally:
-        dispatcher.stop()
         slow.stop()
         fast.stop()
 
 
 @pytest.mark.config(WEBHOOK_ALLOWED_NETWORKS=["127.0.0.1/32"])
-def test_a_name_rebound_to_an_internal_address_is_refused_though_a_connection_to_it_is_kept(
+def test_a_name_rebound_to_an_internal_address_is_refused_though_a_connection_to_it_is_kept(failed_attempt, 
         resolver, server_tls, dispatcher, subscribe, ping, failures):
     partner = Receiver(tls=server_tls).start()
     try:
@@ -296,9 +315,7 @@ def test_a_name_rebound_to_an_internal_address_is_refused_though_a_connection_to
         assert dispatcher.run_due() == 2
         assert (len(partner.received), partner.connections) == (2, 1)  # one connection, kept alive
         resolver.answers["hooks.partner.example"] = ["127.0.0.2"]
-        ping(subscription)
-        dispatcher.run_due()
-        [record] = failures(subscription)["data"]
+        record = failed_attempt(subscription)
         assert (record["error"], record["http_status"]) == ("internal_url", None)
         assert len(partner.received) == 2
     finally:
@@ -308,13 +325,9 @@ def test_a_name_rebound_to_an_internal_address_is_refused_though_a_connection_to
 @pytest.mark.config(DELIVERY_TIMEOUT=0.5)
 def test_a_lookup_that_does_not_answer_in_time_is_a_timeout_lasting_the_deadline(
         resolver, receiver, subscribe, ping, dispatcher, failures):
-    resolver.answers["slow.partner.example"] = ["127.0.0.1"]
-    subscription = subscribe(receiver.url_for("slow.partner.example"))
-    resolver.stalled.add("slow.partner.example")
+    subscription = subscribe_stalled(resolver, subscribe, receiver, "slow.partner.example")
     ping(subscription)
-    started = time.monotonic()
-    dispatcher.run_due()
-    elapsed = time.monotonic() - started
+    elapsed = seconds_taken(dispatcher.run_due)
     [record] = failures(subscription)["data"]
     assert (record["error"], record["http_status"]) == ("timeout", None)
     assert 500 <= record["duration_ms"] < 1500
@@ -326,14 +339,10 @@ def test_a_lookup_that_does_not_answer_in_time_is_a_timeout_lasting_the_deadline
 def test_the_lookup_counts_against_the_attempts_deadline(resolver, subscribe, ping, dispatcher, failures):
     slow = Receiver(script=[hang(2)]).start()
     try:
-        resolver.answers["late.partner.example"] = ["127.0.0.1"]
-        subscription = subscribe(slow.url_for("late.partner.example"))
-        resolver.stalled.add("late.partner.example")
+        subscription = subscribe_stalled(resolver, subscribe, slow, "late.partner.example")
         ping(subscription)
         threading.Timer(0.6, resolver.released.set).start()  # answers after 0.6 of the 1 s
-        started = time.monotonic()
-        dispatcher.run_due()
-        elapsed = time.monotonic() - started
+        elapsed = seconds_taken(dispatcher.run_due)
         [record] = failures(subscription)["data"]
         assert record["error"] == "timeout"
         assert 1.0 <= elapsed < 1.5 and 1000 <= record["duration_ms"] < 1500
@@ -363,17 +372,15 @@ def test_an_interrupted_attempt_is_retried_after_its_lease(app, dispatcher, rece
 
 
 @pytest.mark.both_databases
-def test_a_late_finish_after_the_lease_was_taken_over_is_not_recorded(app, dispatcher, receiver, subscribe,
+def test_a_late_finish_after_the_lease_was_taken_over_is_not_recorded(app, dispatcher, receiver, failing,
                                                                        ping, clock, failures):
-    receiver.script = [500]
-    subscription = subscribe(receiver.url)
-    ping(subscription)
+    ping(failing)
     with app.app_context(), db.connection_context():
         [stale] = claim_due(int(clock() * 1000), 10, dispatcher.lease_ms)
     clock.advance(dispatcher.lease_ms / 1000 + 1)
     dispatcher.run_due()  # the takeover attempt
     dispatcher.attempt(stale)  # the original claimant wakes up late
-    assert [f["attempt"] for f in failures(subscription)["data"]] == [1]
+    assert [f["attempt"] for f in failures(failing)["data"]] == [1]
 
 
 @pytest.mark.config(DELIVERY_POLL_INTERVAL=60, SCHEDULER_ENABLED=True)
@@ -381,14 +388,11 @@ def test_a_late_finish_after_the_lease_was_taken_over_is_not_recorded(app, dispa
 def test_the_scanner_delivers_a_ping_at_once_not_at_the_next_poll(dispatcher, receiver, subscribe, ping):
     subscription = subscribe(receiver.url)
     dispatcher.start()
-    try:
-        time.sleep(0.2)  # let the first scan (at start) pass
-        started = time.monotonic()
-        assert ping(subscription).status_code == 202
-        assert receiver.wait_for(1, seconds=5)
-        assert receiver.received[0].arrived_at - started < 1.0
-    finally:
-        dispatcher.stop()
+    time.sleep(0.2)  # let the first scan (at start) pass
+    started = time.monotonic()
+    assert ping(subscription).status_code == 202
+    assert receiver.wait_for(1, seconds=5)
+    assert receiver.received[0].arrived_at - started < 1.0
 
 
 @pytest.mark.config(SCHEDULER_ENABLED=True, DELIVERY_TIMEOUT=3, DELIVERY_CONCURRENCY=4)
@@ -411,6 +415,5 @@ def test_one_slow_target_does_not_delay_the_others(dispatcher, subscribe, ping, 
         assert max(r.arrived_at for r in fast.received) - started < 2.0
         assert len(slow.received) == 1  # its other events wait for its one attempt to end
     finally:
-        dispatcher.stop()
         slow.stop()
         fast.stop()

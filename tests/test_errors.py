@@ -1,6 +1,7 @@
 """Every error is RFC 9457 problem+json with the contract's code; nothing leaks."""
 
 import pytest
+
 from tests.support import WEBHOOKS, assert_problem
 
 

@@ -4,6 +4,7 @@ import json
 import random
 
 import pytest
+
 from tests.support import API
 
 STRINGS = ["", " ", "a" * 3000, "http://93.184.215.14/x", "https://hooks.partner.example/h",

@@ -1,6 +1,7 @@
 """GET /me: the identity record and the rate-limit headers."""
 
 import re
+
 from tests.support import ME, bearer
 
 ISO_MS = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")

@@ -60,8 +60,10 @@ def test_models_and_schema_agree_table_by_table(from_schema, from_models, part):
         assert from_models[table][part] == from_schema[table][part], table
 
 
-def test_schema_applies_twice_without_error(tmp_path):
-    conn = sqlite3.connect(tmp_path / "twice.sqlite3")
+def test_schema_applied_twice_describes_the_same_database(tmp_path, from_schema):
+    path = tmp_path / "twice.sqlite3"
+    conn = sqlite3.connect(path)
     conn.executescript(models.SCHEMA_PATH.read_text())
     conn.executescript(models.SCHEMA_PATH.read_text())
     conn.close()
+    assert describe(path) == from_schema

@@ -4,7 +4,6 @@ Nothing here makes an HTTP request: attempts are claimed and their outcomes reco
 """
 
 import json
-import threading
 import uuid
 
 import pytest
@@ -16,6 +15,7 @@ from outbox import (NOT_RECORDED, Recorded, claim_due, enqueue_test_ping, failur
                     trigger_test_ping)
 from retry import RetryPolicy
 from subscriptions import create_subscription, delete_subscription
+from tests.support import run_together
 from transport import AttemptResult
 
 NOW = 1_800_000_000_123  # 2027-01-15T08:00:00.123Z, Unix ms
@@ -217,14 +217,14 @@ def test_a_subscription_has_at_most_one_delivery_in_flight(subscription):
 
 
 def test_the_next_delivery_of_a_subscription_is_claimed_once_the_first_finishes(subscription):
-    oldest, newer = ping(subscription, NOW), ping(subscription, NOW + 1)
+    _, newer = ping(subscription, NOW), ping(subscription, NOW + 1)
     succeed(claim_one(NOW + 10))
     assert claim_one(NOW + 10).event_id == newer.id
 
 
 def test_an_expired_lease_frees_the_subscription(subscription):
-    crashed, newer = ping(subscription, NOW), ping(subscription, NOW + 1)
-    claim_one(NOW + 10)  # its process dies; its lease runs to NOW + 10 + LEASE
+    _, newer = ping(subscription, NOW), ping(subscription, NOW + 1)  # the first one crashes
+    claim_one(NOW + 10)  # its attempt's process dies; its lease runs to NOW + 10 + LEASE
     later = NOW + 10 + LEASE + 1
     assert claim_one(later).event_id == newer.id  # due earlier than the lease expiry
     assert claim_due(later, 10, LEASE) == []  # one in flight at a time, again
@@ -416,10 +416,9 @@ def test_a_ping_racing_an_auto_disable_is_never_sent(app, subscription):
     fail_streak(subscription, THRESHOLD - 1)
     ping(subscription)
     failing = claim_one()
-    outcomes, start = [], threading.Barrier(2)
+    outcomes = []
 
     def trigger_pings():
-        start.wait()
         with app.app_context(), db.connection_context():
             for _ in range(20):
                 try:
@@ -429,15 +428,10 @@ def test_a_ping_racing_an_auto_disable_is_never_sent(app, subscription):
                     outcomes.append(error.code)
 
     def disable():
-        start.wait()
         with app.app_context(), db.connection_context():
             fail(failing, at=NOW + 1)
 
-    threads = [threading.Thread(target=trigger_pings), threading.Thread(target=disable)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    assert run_together(trigger_pings, disable) == []
     assert reload(subscription).active is False
     assert set(outcomes) <= {"queued", "subscription_disabled"} and len(outcomes) == 20
     assert claim_due(NOW + 365 * 86_400_000, 100, LEASE) == []

@@ -4,13 +4,12 @@ Every test gets a database of its own (`postgres_url`: an empty schema). The HTT
 test_webhooks.py and test_delivery.py run here too: they are marked `both_databases`.
 """
 
-import threading
-
 import pytest
 from peewee import PostgresqlDatabase
 from playhouse.db_url import connect
 
 import models
+from tests import support
 from errors import ValidationError
 from models import (ApiKey, Delivery, Event, Failure, Organization, Setting, Subscription, db,
                     open_database, write_transaction)
@@ -39,21 +38,10 @@ def table_names() -> list[str]:
 def run_together(count: int, work) -> list[Exception]:
     """Run `work` on `count` threads released at the same moment; each thread has its own
     connection (peewee's are per thread). Returns what they raised."""
-    start, errors = threading.Barrier(count), []
-
-    def run():
-        start.wait()
-        try:
-            with db.connection_context():
-                work()
-        except Exception as error:  # noqa: BLE001 - returned to the test
-            errors.append(error)
-    threads = [threading.Thread(target=run) for _ in range(count)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return errors
+    def connected():
+        with db.connection_context():
+            work()
+    return support.run_together(*[connected] * count)
 
 
 # --- schema.sql -----------------------------------------------------------------------------------

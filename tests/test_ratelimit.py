@@ -1,6 +1,16 @@
 """The per-organization budget: exactly N requests in any 60 s, shared by the organization's keys."""
+
+import pytest
+
 from tests.support import ME, bearer
 
+
+@pytest.fixture(params=["memory", "redis"])
+def config(request, config):
+    """Every test here runs on both rate-limit storages: in-process windows and a real Redis."""
+    if request.param == "redis":
+        config.setdefault("RATELIMIT_STORAGE_URI", request.getfixturevalue("redis_url"))
+    return config
 
 
 def get_me(client, key):

@@ -1,22 +1,20 @@
 """Rate limits on a real Redis server (PARTNER_RATELIMIT_STORAGE_URI=redis://...): the budget of an
 organization is exact and shared by every process that serves it.
 
-The tests of test_ratelimit.py run here a second time against Redis; then two apps built by two
-create_app calls (two serving processes, each with its own limiter and connection) share one Redis.
+The tests of test_ratelimit.py run against Redis too (its `config` fixture is parametrized by the
+storage); here two apps built by two create_app calls (two serving processes, each with its own
+limiter and connection) share one Redis.
 """
 
+import functools
 import re
 import threading
 
 import pytest
 
 from app import create_app
-from tests.test_me import test_me_carries_rate_limit_headers  # noqa: F401 - re-run on Redis
-from tests.test_ratelimit import (  # noqa: F401 - re-run on Redis
-    get_me, test_another_organization_is_unaffected,
-    test_failed_authentication_never_spends_the_organization_budget,
-    test_failed_authentications_are_limited_per_client_address, test_retry_after_only_on_429,
-    test_the_601st_request_of_an_organization_gets_429, test_two_keys_of_one_organization_share_the_budget)
+from tests.support import run_together
+from tests.test_ratelimit import get_me
 
 
 @pytest.fixture
@@ -67,20 +65,15 @@ def test_another_organization_is_unaffected_in_either_process(client, other_clie
 def test_concurrent_requests_in_two_processes_pass_exactly_the_limit(app, config, issue_key):
     key = issue_key(org="racing", rate_limit=25)
     apps = [app, create_app(config)]
-    start, statuses, lock = threading.Barrier(8), [], threading.Lock()
+    statuses, lock = [], threading.Lock()
 
     def hammer(serving):
         client = serving.test_client()
-        start.wait()
         for _ in range(10):
             status = get_me(client, key).status_code
             with lock:
                 statuses.append(status)
-    threads = [threading.Thread(target=hammer, args=(apps[n % 2],)) for n in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    assert run_together(*[functools.partial(hammer, apps[n % 2]) for n in range(8)]) == []
     assert sorted(statuses) == [200] * 25 + [429] * 55
 
 
