@@ -13,9 +13,11 @@ from errors import register_error_handlers
 from keys import IDENTITY_READ, WEBHOOKS_MANAGE
 from lookups import Lookups
 from models import db, open_database
+from ops import install_ops, ops
 from outbox import TEST_PING, failures_page, trigger_test_ping
 from pagination import cursor_key, encode_cursor, read_page_args
 from ratelimit import RateLimits
+from request_ids import install_request_ids
 from subscriptions import (create_subscription, delete_subscription, find_subscription, list_subscriptions,
                            subscription_fields)
 from timestamps import iso, now_ms, to_ms
@@ -46,17 +48,20 @@ def create_app(overrides: dict | None = None) -> Flask:
     lookups = Lookups(app.config["RESOLVER"], threads=8)
     app.extensions["subscription_fields"] = subscription_fields(
         lookups.within(CREATE_LOOKUP_SECONDS), app.config["ALLOWED_NETWORKS"])
+    install_request_ids(app)
     app.before_request(_open_connection)
     app.teardown_request(_close_connection)
     register_error_handlers(app)
     app.register_blueprint(api)
     app.register_blueprint(docs)
+    install_ops(app)
     app.cli.add_command(keys_cli)
     return app
 
 
 def _open_connection() -> None:
-    db.connect(reuse_if_open=True)
+    if request.blueprint != ops.name:  # the ops endpoints reach the database on their own terms
+        db.connect(reuse_if_open=True)
 
 
 def _close_connection(_error=None) -> None:

@@ -6,6 +6,7 @@ import time
 from flask import Flask
 
 import ssrf
+from logs import FORMATS
 
 DEFAULTS = {
     "DATABASE_URL": "sqlite:///instance/partner.sqlite3",
@@ -20,6 +21,8 @@ DEFAULTS = {
     "AUTO_DISABLE_THRESHOLD": 20,
     "SCHEDULER_ENABLED": True,
     "DELIVERY_CA_BUNDLE": "",
+    "RETENTION_DAYS": 30,
+    "LOG_FORMAT": "text",  # applied by gunicorn.conf.py (logs.py); checked here too
     "AUTH_FAILURE_RATE_LIMIT": 60,
     "MAX_CONTENT_LENGTH": 64 * 1024,
     # Seams for tests: the wall clock (Unix seconds) and the DNS resolver. Never read from the environment.
@@ -28,7 +31,8 @@ DEFAULTS = {
 }
 
 _POSITIVE_NUMBERS = ("DELIVERY_TIMEOUT", "DELIVERY_POLL_INTERVAL")
-_POSITIVE_INTEGERS = ("DELIVERY_CONCURRENCY", "AUTO_DISABLE_THRESHOLD", "AUTH_FAILURE_RATE_LIMIT")
+_POSITIVE_INTEGERS = ("DELIVERY_CONCURRENCY", "AUTO_DISABLE_THRESHOLD", "AUTH_FAILURE_RATE_LIMIT",
+                      "RETENTION_DAYS")
 
 
 def load_config(app: Flask, overrides: dict | None) -> None:
@@ -54,6 +58,7 @@ def check_config(config) -> None:
     bundle = config["DELIVERY_CA_BUNDLE"]
     _require("DELIVERY_CA_BUNDLE", isinstance(bundle, str) and (not bundle or os.path.isfile(bundle)),
              "empty (the default trust store) or the path of a PEM file of CA certificates")
+    _require("LOG_FORMAT", config["LOG_FORMAT"] in FORMATS, " or ".join(FORMATS))
     for name in ("DATABASE_URL", "RATELIMIT_STORAGE_URI"):
         _require(name, isinstance(config[name], str) and "://" in config[name], "a URL")
 

@@ -20,6 +20,7 @@ from datetime import datetime, timezone
 
 from apscheduler.schedulers.background import BackgroundScheduler
 
+import metrics
 import signing
 import ssrf
 import transport
@@ -90,6 +91,12 @@ class Dispatcher:
         if pool:
             pool.shutdown(wait=True)
             log.info("delivery scanner stopped")
+
+    def scheduler_state(self) -> str:
+        """`running`, `disabled` (PARTNER_SCHEDULER_ENABLED false) or `stopped` (not started here)."""
+        if not self.enabled:
+            return "disabled"
+        return "running" if self._scheduler and self._scheduler.running else "stopped"
 
     def wake(self) -> None:
         """Scan now rather than at the next poll: an event was just queued."""
@@ -188,12 +195,23 @@ class Dispatcher:
 
 def _log_attempt(claim: Claim, result: transport.AttemptResult, recorded: Recorded,
                  finished_at: int) -> None:
+    """One line per attempt, and its metrics. The fields appear twice: in the text line, and as
+    JSON keys under PARTNER_LOG_FORMAT=json."""
+    outcome = result.error or "delivered"
+    metrics.count_attempt(claim.kind, outcome, result.duration_ms / 1000)
+    if recorded.dead_lettered:
+        metrics.DEAD_LETTERED.inc()
+    if recorded.auto_disabled:
+        metrics.AUTO_DISABLED.inc()
     next_at = recorded.next_attempt_at
-    log.info("delivery event=%s subscription=%s attempt=%d outcome=%s http_status=%s "
-             "duration_ms=%d next_attempt_in_ms=%s%s",
-             claim.event_id, claim.subscription_id, claim.attempt, result.error or "delivered",
-             result.http_status, result.duration_ms, next_at - finished_at if next_at else None,
-             "" if recorded.recorded else " (lease lost: not recorded)")
+    fields = {"event_id": claim.event_id, "subscription_id": claim.subscription_id,
+              "attempt": claim.attempt, "outcome": outcome, "status": result.http_status,
+              "duration_ms": result.duration_ms,
+              "next_attempt_in_ms": next_at - finished_at if next_at else None,
+              "recorded": recorded.recorded}
+    log.info("delivery event=%(event_id)s subscription=%(subscription_id)s attempt=%(attempt)d "
+             "outcome=%(outcome)s http_status=%(status)s duration_ms=%(duration_ms)d "
+             "next_attempt_in_ms=%(next_attempt_in_ms)s recorded=%(recorded)s", fields, extra=fields)
 
 
 def _utcnow() -> datetime:

@@ -1,6 +1,11 @@
 """gunicorn settings, read automatically from the repo root: `gunicorn wsgi:app`."""
 
+import glob
 import os
+import shutil
+import tempfile
+
+from logs import ACCESS_FORMAT, logging_config
 
 wsgi_app = "wsgi:app"
 bind = f"127.0.0.1:{os.environ.get('PORT', '8000')}"
@@ -11,30 +16,27 @@ threads = 8
 control_socket_disable = True
 # Path only (%(U)s), never the query string, so nothing a client puts in a URL reaches the log.
 accesslog = "-"
-access_log_format = '%(h)s "%(m)s %(U)s %(H)s" %(s)s %(b)s %(M)sms'
+access_log_format = ACCESS_FORMAT
+logconfig_dict = logging_config(os.environ.get("PARTNER_LOG_FORMAT", "text"),
+                                os.environ.get("PARTNER_LOG_LEVEL", "INFO"))
 
-# Access lines go to stdout; the service's own loggers (one line per delivery attempt) to stderr
-# beside gunicorn's.
-# Never DEBUG for libraries: requests/urllib3 would log full target URLs.
-logconfig_dict = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "formatters": {
-        "plain": {"format": "%(asctime)s [%(process)d] [%(levelname)s] %(name)s: %(message)s"},
-        "access": {"format": "%(asctime)s %(message)s"},
-    },
-    "handlers": {
-        "stderr": {"class": "logging.StreamHandler", "formatter": "plain", "stream": "ext://sys.stderr"},
-        "stdout": {"class": "logging.StreamHandler", "formatter": "access", "stream": "ext://sys.stdout"},
-    },
-    "root": {"level": os.environ.get("PARTNER_LOG_LEVEL", "INFO"), "handlers": ["stderr"]},
-    "loggers": {
-        "gunicorn.error": {"level": "INFO", "handlers": ["stderr"], "propagate": False},
-        "gunicorn.access": {"level": "INFO", "handlers": ["stdout"], "propagate": False},
-        "apscheduler": {"level": "WARNING"},
-        "urllib3": {"level": "WARNING"},
-    },
-}
+METRICS_DIR = "PROMETHEUS_MULTIPROC_DIR"
+
+
+def on_starting(server):
+    """Give the workers' metrics a directory before any of them imports prometheus_client: a fresh
+    one per start, or the operator's, emptied of a previous run's counts."""
+    if os.environ.get(METRICS_DIR):
+        for stale in glob.glob(os.path.join(os.environ[METRICS_DIR], "*.db")):
+            os.remove(stale)
+    else:
+        os.environ[METRICS_DIR] = server.partner_metrics_dir = tempfile.mkdtemp(prefix="partner-metrics-")
+
+
+def on_exit(server):
+    made = getattr(server, "partner_metrics_dir", None)
+    if made:
+        shutil.rmtree(made, ignore_errors=True)
 
 
 def post_worker_init(worker):
@@ -47,3 +49,9 @@ def worker_exit(server, worker):
     dispatcher = getattr(worker, "wsgi", None) and worker.wsgi.extensions.get("delivery")
     if dispatcher:
         dispatcher.stop()
+
+
+def child_exit(server, worker):
+    """A dead worker's gauges leave the scrape; its counters stay counted."""
+    from prometheus_client import multiprocess  # only now: the directory is set
+    multiprocess.mark_process_dead(worker.pid)

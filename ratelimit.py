@@ -15,6 +15,7 @@ from flask_limiter import Limiter
 from limits import RateLimitItemPerMinute
 
 from errors import ApiError
+from metrics import RATE_LIMITED
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +63,7 @@ class RateLimits:
         """Count one request against the organization; raise 429 when its window is full."""
         window = self._charge("org", org_id, per_minute)
         if not window.allowed:
+            RATE_LIMITED.labels("organization").inc()
             raise ApiError(429, "rate_limited",
                            f"Rate limit of {per_minute} requests per minute exceeded.",
                            headers=window.headers())
@@ -71,6 +73,7 @@ class RateLimits:
         """Count a failed authentication against the client address; 429 past its budget."""
         window = self._charge("auth-failure", address or "unknown", self.auth_failures_per_minute)
         if not window.allowed:
+            RATE_LIMITED.labels("failed_auth").inc()
             raise ApiError(429, "rate_limited", "Too many failed authentication attempts.",
                            headers={"Retry-After": str(window.seconds_to_reset())})
 

@@ -1,0 +1,85 @@
+"""The due backlog, read on a short-lived connection of its own with a hard time bound, so that
+readiness and the metrics scrape answer even when the database does not.
+
+`due` counts open deliveries whose due time has passed: pending ones, and in-flight ones whose
+lease expired (their attempt died). An attempt in flight under a live lease is not due.
+"""
+
+import logging
+import math
+import sqlite3
+from dataclasses import dataclass
+
+import psycopg2
+from peewee import SqliteDatabase
+
+from models import OPEN_CONDITION, db
+
+log = logging.getLogger(__name__)
+
+# The WHERE clause repeats the delivery_due_at partial index's own condition word for word, so
+# the count walks that index (open deliveries only), however many finished rows the table holds.
+_DUE = f"SELECT COUNT(*), MIN(due_at) FROM delivery WHERE {OPEN_CONDITION} AND due_at <= {{p}}"
+
+
+class DatabaseUnavailable(Exception):
+    """The database did not answer within the bound; the message says what failed."""
+
+
+@dataclass(frozen=True)
+class Backlog:
+    due: int
+    oldest_due_at: int | None  # Unix ms
+
+    def oldest_due_seconds(self, now_ms: int) -> float:
+        return 0.0 if self.oldest_due_at is None else max(0, now_ms - self.oldest_due_at) / 1000
+
+
+def read_backlog(now_ms: int, timeout: float, check_write: bool = False) -> Backlog:
+    """Count due deliveries within `timeout` seconds; with `check_write`, also prove that a write
+    could start now (on SQLite: the write lock is obtainable). Raises DatabaseUnavailable."""
+    database = db.obj
+    try:
+        if isinstance(database, SqliteDatabase):
+            row = _read_sqlite(database.database, now_ms, timeout, check_write)
+        else:
+            row = _read_postgresql(database, now_ms, timeout)
+    except (sqlite3.Error, psycopg2.Error) as error:
+        # The driver's message may name the database host: it goes to the log, not to the caller.
+        log.warning("database check failed: %s", _first_line(error))
+        raise DatabaseUnavailable(f"the database did not answer within {timeout:g} s "
+                                  f"({type(error).__name__})") from None
+    return Backlog(int(row[0]), None if row[1] is None else int(row[1]))
+
+
+def _read_sqlite(path: str, now_ms: int, timeout: float, check_write: bool) -> tuple:
+    # `timeout` bounds the wait for a lock another connection holds; nothing else here can block.
+    connection = sqlite3.connect(path, timeout=timeout, isolation_level=None)
+    try:
+        if check_write:
+            connection.execute("BEGIN IMMEDIATE")
+        row = connection.execute(_DUE.format(p="?"), (now_ms,)).fetchone()
+        if check_write:
+            connection.execute("ROLLBACK")
+        return row
+    finally:
+        connection.close()
+
+
+def _read_postgresql(database, now_ms: int, timeout: float) -> tuple:
+    params = dict(database.connect_params)
+    # libpq bounds the whole connection set-up (whole seconds, at least 2); the server bounds the query.
+    params["connect_timeout"] = max(2, math.ceil(timeout))
+    params["options"] = f"{params.get('options', '')} -c statement_timeout={int(timeout * 1000)}".strip()
+    connection = psycopg2.connect(dbname=database.database, **params)
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(_DUE.format(p="%s"), (now_ms,))
+            return cursor.fetchone()
+    finally:
+        connection.close()
+
+
+def _first_line(error: Exception) -> str:
+    """The driver's first line: no statement parameters, and libpq never echoes a password."""
+    return (str(error).strip().splitlines() or [type(error).__name__])[0][:200]

@@ -1,0 +1,58 @@
+"""Log formats for gunicorn.conf.py: PARTNER_LOG_FORMAT=text (default) or json, one object per line.
+
+Access lines go to stdout, the service's own lines (one per delivery attempt, warnings) to stderr;
+both carry the request id. Access lines name the path only, never the query string, and no request
+header: nothing a client puts in a URL or a header (a key) reaches the log.
+"""
+
+from pythonjsonlogger.json import JsonFormatter
+
+FORMATS = ("text", "json")
+ACCESS_FORMAT = '%(h)s "%(m)s %(U)s %(H)s" %(s)s %(b)s %(M)sms %({x-request-id}o)s'
+
+
+class JsonLineFormatter(JsonFormatter):
+    """python-json-logger's formatter; an access line also gets its fields one by one, picked from
+    gunicorn's atoms (the atoms also hold every request header, so they are never logged whole)."""
+
+    def add_fields(self, log_record: dict, record, message_dict: dict) -> None:
+        super().add_fields(log_record, record, message_dict)
+        atoms = record.args
+        if record.name == "gunicorn.access" and isinstance(atoms, dict):
+            log_record.update(remote_addr=atoms["h"], method=atoms["m"], path=atoms["U"],
+                              status=int(atoms["s"]), bytes=atoms["B"], duration_ms=atoms["M"],
+                              request_id=atoms.get("{x-request-id}o"))
+
+
+def logging_config(log_format: str, level: str) -> dict:
+    """gunicorn's logconfig_dict for `log_format`; ValueError names the setting if it is unknown."""
+    if log_format not in FORMATS:
+        raise ValueError(f"PARTNER_LOG_FORMAT must be one of {', '.join(FORMATS)}")
+    if log_format == "json":
+        fields = "%(levelname)s %(name)s %(process)d %(message)s %(request_id)s"
+        service = access = {"()": JsonLineFormatter, "fmt": fields, "timestamp": "time",
+                            "rename_fields": {"levelname": "level"}}
+    else:
+        service = {"format": "%(asctime)s [%(process)d] [%(levelname)s] %(name)s: %(message)s"}
+        access = {"format": "%(asctime)s %(message)s"}
+    request_ids = {"request_id": {"()": "request_ids.RequestIdFilter"}}
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "filters": request_ids,
+        "formatters": {"service": service, "access": access},
+        "handlers": {
+            "stderr": {"class": "logging.StreamHandler", "formatter": "service",
+                       "stream": "ext://sys.stderr", "filters": ["request_id"]},
+            "stdout": {"class": "logging.StreamHandler", "formatter": "access",
+                       "stream": "ext://sys.stdout"},
+        },
+        # Never DEBUG for libraries: requests/urllib3 would log full target URLs.
+        "root": {"level": level, "handlers": ["stderr"]},
+        "loggers": {
+            "gunicorn.error": {"level": "INFO", "handlers": ["stderr"], "propagate": False},
+            "gunicorn.access": {"level": "INFO", "handlers": ["stdout"], "propagate": False},
+            "apscheduler": {"level": "WARNING"},
+            "urllib3": {"level": "WARNING"},
+        },
+    }

@@ -1,0 +1,84 @@
+"""The Prometheus metrics of CONTRACT §7 and their exposition.
+
+Under gunicorn, gunicorn.conf.py points PROMETHEUS_MULTIPROC_DIR at a directory before any worker
+imports prometheus_client: each worker then writes its counts to files there and a scrape, whichever
+worker answers it, sums them all. Without it (tests, `flask` commands) counts live in this process.
+Label values come from small fixed sets: never an organization, a subscription id or a URL.
+"""
+
+import os
+
+from prometheus_client import (CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, Counter, Histogram,
+                               disable_created_metrics, generate_latest, multiprocess)
+from prometheus_client.core import GaugeMetricFamily
+
+from backlog import Backlog
+
+disable_created_metrics()  # the `_created` twin of every series only doubles the scrape
+
+HTTP_REQUESTS = Counter("partner_http_requests_total", "HTTP requests answered.",
+                        ["method", "route", "status"])
+HTTP_DURATION = Histogram("partner_http_request_duration_seconds", "Time to answer an HTTP request.",
+                          ["route"])
+DELIVERY_ATTEMPTS = Counter("partner_delivery_attempts_total", "Delivery attempts made, by outcome.",
+                            ["event", "outcome"])
+# Up to the default 10 s deadline and a little past it (a deadline is met, not undercut).
+ATTEMPT_DURATION = Histogram("partner_delivery_attempt_duration_seconds", "Duration of one attempt.",
+                             ["outcome"],
+                             buckets=(.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 15, 30, 60))
+DEAD_LETTERED = Counter("partner_deliveries_dead_lettered_total",
+                        "Deliveries dead-lettered (attempts exhausted or subscription auto-disabled).")
+AUTO_DISABLED = Counter("partner_subscriptions_auto_disabled_total",
+                        "Subscriptions auto-disabled after consecutive failures.")
+RATE_LIMITED = Counter("partner_rate_limited_total", "Requests refused with 429.", ["kind"])
+
+UNMATCHED_ROUTE = "unmatched"  # every path that matches no route: its text would be unbounded
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+
+
+def count_request(method: str, rule: str | None, status: int, seconds: float) -> None:
+    """Count one answered request under its URL rule (`/webhooks/<subscription_id>`, not the path)."""
+    route = rule or UNMATCHED_ROUTE
+    HTTP_REQUESTS.labels(method if method in _METHODS else "other", route, str(status)).inc()
+    HTTP_DURATION.labels(route).observe(seconds)
+
+
+def count_attempt(event: str, outcome: str, seconds: float) -> None:
+    DELIVERY_ATTEMPTS.labels(event, outcome).inc()
+    ATTEMPT_DURATION.labels(outcome).observe(seconds)
+
+
+def exposition(backlog: Backlog | None, now_ms: int) -> tuple[bytes, str]:
+    """The scrape body and its content type: every process's counters, then the backlog gauges
+    read from the database just now (left out when it did not answer: partner_database_up is 0)."""
+    return generate_latest(_counters()) + generate_latest(_gauges(backlog, now_ms)), CONTENT_TYPE_LATEST
+
+
+def _counters():
+    if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        return REGISTRY
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry)
+    return registry
+
+
+class _Gauges:
+    def __init__(self, backlog: Backlog | None, now_ms: int):
+        self.backlog, self.now_ms = backlog, now_ms
+
+    def collect(self):
+        yield GaugeMetricFamily("partner_database_up", "1 when the database answered this scrape.",
+                                value=int(self.backlog is not None))
+        if self.backlog is None:
+            return
+        yield GaugeMetricFamily("partner_deliveries_due", "Deliveries due now and not in flight.",
+                                value=self.backlog.due)
+        yield GaugeMetricFamily("partner_delivery_oldest_due_seconds",
+                                "Age of the oldest due delivery (0 when none is due).",
+                                value=self.backlog.oldest_due_seconds(self.now_ms))
+
+
+def _gauges(backlog: Backlog | None, now_ms: int) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Gauges(backlog, now_ms))
+    return registry

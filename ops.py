@@ -1,0 +1,66 @@
+"""The operator's endpoints (CONTRACT §7): liveness, readiness and the Prometheus scrape.
+
+They need no API key, are never rate limited, and open no pooled connection: the database is
+reached only through backlog.read_backlog, which is bounded in time, so none of them can hang.
+"""
+
+import time
+
+from flask import Blueprint, Flask, current_app, g, request
+
+import metrics
+from backlog import DatabaseUnavailable, read_backlog
+from errors import ApiError
+from timestamps import now_ms
+
+READY_TIMEOUT_SECONDS = 2.0
+
+ops = Blueprint("ops", __name__)
+
+
+def install_ops(app: Flask) -> None:
+    """Serve the ops endpoints and count every request of the app in the metrics."""
+    app.register_blueprint(ops)
+    app.before_request(_start_timer)
+    app.after_request(_count_request)
+
+
+@ops.get("/healthz")
+def healthz():
+    return {"status": "ok"}
+
+
+@ops.get("/readyz")
+def readyz():
+    now = now_ms()
+    try:
+        backlog = read_backlog(now, READY_TIMEOUT_SECONDS, check_write=True)
+    except DatabaseUnavailable as error:
+        raise ApiError(503, "not_ready", f"database: {error}.") from None
+    return {"status": "ready", "database": "ok",
+            "scheduler": current_app.extensions["delivery"].scheduler_state(),
+            "deliveries_due": backlog.due, "oldest_due_seconds": backlog.oldest_due_seconds(now)}
+
+
+@ops.get("/metrics")
+def scrape():
+    now = now_ms()
+    try:
+        backlog = read_backlog(now, READY_TIMEOUT_SECONDS)
+    except DatabaseUnavailable:
+        backlog = None
+    body, content_type = metrics.exposition(backlog, now)
+    return body, 200, {"Content-Type": content_type}
+
+
+def _start_timer() -> None:
+    g.started_at = time.perf_counter()
+
+
+def _count_request(response):
+    started_at = g.get("started_at")
+    if started_at is not None:
+        rule = request.url_rule.rule if request.url_rule else None
+        metrics.count_request(request.method, rule, response.status_code,
+                              time.perf_counter() - started_at)
+    return response

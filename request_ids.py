@@ -1,0 +1,42 @@
+"""Request ids: every response carries X-Request-Id (the client's when it is sane, else a fresh one),
+and every log line written while a request is served carries the same id."""
+
+import logging
+import re
+import uuid
+
+from flask import Flask, g, has_request_context, request
+
+HEADER = "X-Request-Id"
+# What we echo: short and inert in a log line or a header. Anything else is replaced, not trimmed.
+_SANE = re.compile(r"[A-Za-z0-9._-]{1,128}")
+
+
+def install_request_ids(app: Flask) -> None:
+    """Register the hooks; call before any other before_request hook, so even its errors carry the id."""
+    app.before_request(_assign)
+    app.after_request(_expose)
+
+
+def current_request_id() -> str | None:
+    return g.get("request_id") if has_request_context() else None
+
+
+def _assign() -> None:
+    sent = request.headers.get(HEADER, "")
+    g.request_id = sent if _SANE.fullmatch(sent) else uuid.uuid4().hex
+
+
+def _expose(response):
+    if "request_id" not in g:  # a hook before ours failed: still answer with an id
+        _assign()
+    response.headers[HEADER] = g.request_id
+    return response
+
+
+class RequestIdFilter(logging.Filter):
+    """Adds `request_id` to every record (None outside a request), for the formatters."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.request_id = current_request_id()
+        return True

@@ -1,0 +1,131 @@
+"""/healthz, /readyz and X-Request-Id (CONTRACT §7), through the real app on a real database."""
+
+import re
+import sqlite3
+import time
+
+import pytest
+
+from tests.servers import postgres_bin_dir, start_postgres
+
+WEBHOOKS = "/api/v1/partner/webhooks"
+HEX_ID = r"[0-9a-f]{32}"
+
+
+def test_healthz_says_ok(client):
+    response = client.get("/healthz")
+    assert response.status_code == 200
+    assert response.get_json() == {"status": "ok"}
+
+
+def test_readyz_reports_the_database_the_scheduler_and_the_due_backlog(client, auth, clock):
+    subscription = client.post(WEBHOOKS, json={"url": "https://hooks.partner.example/in"},
+                               headers=auth).get_json()
+    for _ in range(2):
+        client.post(f"{WEBHOOKS}/{subscription['id']}/test", json={"secret": subscription["secret"]},
+                    headers=auth)
+    clock.advance(90)
+    response = client.get("/readyz")
+    assert response.status_code == 200
+    assert response.get_json() == {"status": "ready", "database": "ok", "scheduler": "disabled",
+                                   "deliveries_due": 2, "oldest_due_seconds": 90.0}
+
+
+def test_readyz_with_nothing_due(client):
+    assert client.get("/readyz").get_json()["deliveries_due"] == 0
+    assert client.get("/readyz").get_json()["oldest_due_seconds"] == 0
+
+
+@pytest.mark.config(SCHEDULER_ENABLED=True)
+def test_readyz_says_whether_this_process_runs_the_scheduler(app, client):
+    assert client.get("/readyz").get_json()["scheduler"] == "stopped"
+    app.extensions["delivery"].start()
+    try:
+        assert client.get("/readyz").get_json()["scheduler"] == "running"
+    finally:
+        app.extensions["delivery"].stop()
+
+
+def assert_not_ready(response, started: float) -> None:
+    assert time.monotonic() - started < 5  # bounded: 2 s, plus a slow machine's margin
+    assert response.status_code == 503
+    assert response.content_type == "application/problem+json"
+    body = response.get_json()
+    assert body["code"] == "not_ready" and body["status"] == 503
+    assert body["detail"].startswith("database: ")
+
+
+def test_readyz_is_503_while_the_sqlite_file_is_locked_past_the_bound(client, database_url):
+    locker = sqlite3.connect(database_url.removeprefix("sqlite:///"), isolation_level=None)
+    locker.execute("BEGIN EXCLUSIVE")
+    try:
+        started = time.monotonic()
+        assert_not_ready(client.get("/readyz"), started)
+        assert client.get("/healthz").status_code == 200  # liveness touches no database
+    finally:
+        locker.execute("ROLLBACK")
+        locker.close()
+    assert client.get("/readyz").status_code == 200
+
+
+@pytest.fixture
+def stoppable_postgres():
+    """A PostgreSQL server of this test's own: the session's shared one must keep running."""
+    bin_dir = postgres_bin_dir()
+    if bin_dir is None:
+        pytest.skip("PostgreSQL is not installed: run scripts/test-services.sh to install it")
+    server = start_postgres(bin_dir)
+    yield server
+    server.stop()
+
+
+def test_readyz_is_503_when_postgresql_is_down(stoppable_postgres, clock, resolver):
+    from app import create_app
+    url = stoppable_postgres.url(stoppable_postgres.create_schema())
+    app = create_app({"DATABASE_URL": url, "CLOCK": clock, "RESOLVER": resolver,
+                      "SCHEDULER_ENABLED": False})
+    client = app.test_client()
+    assert client.get("/readyz").get_json()["database"] == "ok"
+    stoppable_postgres.pg_ctl("stop", "-m", "immediate", "-w")
+    started = time.monotonic()
+    assert_not_ready(client.get("/readyz"), started)
+    assert client.get("/healthz").status_code == 200
+    metrics = client.get("/metrics")
+    assert metrics.status_code == 200 and "partner_database_up 0.0" in metrics.text
+
+
+@pytest.mark.config(AUTH_FAILURE_RATE_LIMIT=1)
+@pytest.mark.parametrize("path", ["/healthz", "/readyz", "/metrics"])
+def test_ops_paths_need_no_key_and_are_never_rate_limited(client, path):
+    for _ in range(3):
+        assert client.get(path, headers={"Authorization": "Bearer not-a-key"}).status_code == 200
+
+
+@pytest.mark.parametrize("path", ["/healthz", "/readyz", WEBHOOKS, "/no/such/path"])
+def test_a_sane_request_id_is_echoed(client, path):
+    response = client.get(path, headers={"X-Request-Id": "req-42.Abc_9"})
+    assert response.headers["X-Request-Id"] == "req-42.Abc_9"
+
+
+@pytest.mark.parametrize("sent", [None, "", "a" * 129, "two words", "semi;colon", "ünïcode",
+                                  "line\u2028break", "<script>"])
+def test_a_missing_or_insane_request_id_is_replaced_by_a_generated_one(client, sent):
+    headers = {} if sent is None else {"X-Request-Id": sent}
+    first = client.get("/healthz", headers=headers).headers["X-Request-Id"]
+    second = client.get("/healthz", headers=headers).headers["X-Request-Id"]
+    assert re.fullmatch(HEX_ID, first) and first != second
+
+
+def test_error_responses_carry_the_request_id_too(client, auth):
+    for response in (client.get(WEBHOOKS), client.put(WEBHOOKS, headers=auth),
+                     client.post(WEBHOOKS, data="[", headers=auth)):
+        assert response.status_code >= 400
+        assert len(response.headers["X-Request-Id"]) == 32
+
+
+@pytest.mark.parametrize("name, bad", [("LOG_FORMAT", "xml"), ("RETENTION_DAYS", 0),
+                                       ("RETENTION_DAYS", "30")])
+def test_a_bad_operations_setting_stops_start_up_naming_it(config, name, bad):
+    from app import create_app
+    with pytest.raises(ValueError, match=f"PARTNER_{name}"):
+        create_app({**config, name: bad})

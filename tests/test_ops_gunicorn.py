@@ -1,0 +1,110 @@
+"""The ops features where process behaviour matters, on real gunicorn: metrics summed across
+workers (multiprocess mode, prepared by gunicorn.conf.py) and JSON log lines."""
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from prometheus_client.mmap_dict import MmapedDict
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.receivers import Receiver
+from tests.test_gunicorn import Gunicorn, server_env, session, smoke_key  # noqa: F401 (fixtures)
+
+REQUESTS = 120
+WEBHOOKS = "/api/v1/partner/webhooks"
+
+
+@pytest.fixture
+def start_gunicorn(server_env, tmp_path, session):
+    started = []
+
+    def start(**env) -> Gunicorn:
+        server = Gunicorn({**server_env, "PARTNER_SCHEDULER_ENABLED": "false", **env}, tmp_path)
+        started.append(server)
+        server.wait_until_serving(session)
+        return server
+    yield start
+    for server in started:
+        if server.process.poll() is None:
+            server.process.kill()
+            server.process.wait(timeout=5)
+
+
+def healthz_count(text: str) -> float:
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "partner_http_requests_total" and sample.labels["route"] == "/healthz":
+                return sample.value
+    return 0.0
+
+
+def healthz_count_per_worker(metrics_dir: Path) -> dict[str, float]:
+    """What each worker wrote to its own file: proof that both served, not just one."""
+    counts = {}
+    for path in metrics_dir.glob("counter_*.db"):
+        counts[path.stem] = sum(value for key, value, _, _ in MmapedDict.read_all_values_from_file(path)
+                                if '"partner_http_requests_total"' in key and '"/healthz"' in key)
+    return counts
+
+
+def test_metrics_counted_across_two_workers_add_up(start_gunicorn, session, tmp_path):
+    metrics_dir = tmp_path / "metrics"
+    metrics_dir.mkdir()
+    (metrics_dir / "counter_999999.db").write_bytes(b"stale")  # a previous run's: removed at start
+    server = start_gunicorn(GUNICORN_CMD_ARGS="--workers 2", PROMETHEUS_MULTIPROC_DIR=str(metrics_dir))
+    served = 0
+    with ThreadPoolExecutor(8) as pool:
+        while True:  # until both workers have served some (the kernel decides who accepts)
+            statuses = list(pool.map(lambda _: session.get(server.base_url + "/healthz", timeout=5)
+                                     .status_code, range(REQUESTS)))
+            assert statuses == [200] * REQUESTS
+            served += REQUESTS
+            per_worker = healthz_count_per_worker(metrics_dir)
+            if sum(1 for count in per_worker.values() if count) >= 2 or served >= 10 * REQUESTS:
+                break
+    assert sum(1 for count in per_worker.values() if count) == 2, per_worker
+    for _ in range(4):  # whichever worker answers the scrape reports every worker's requests
+        assert healthz_count(session.get(server.base_url + "/metrics", timeout=5).text) == served
+    assert server.stop() == 0
+
+
+@pytest.fixture
+def receiver():
+    receiver = Receiver().start()
+    yield receiver
+    receiver.stop()
+
+
+def test_json_log_lines_parse_and_carry_the_request_id(start_gunicorn, session, smoke_key, receiver):
+    server = start_gunicorn(PARTNER_LOG_FORMAT="json", PARTNER_SCHEDULER_ENABLED="true",
+                            PARTNER_WEBHOOK_ALLOWED_NETWORKS='["127.0.0.0/8"]')
+    auth = {"Authorization": smoke_key}
+    session.get(server.base_url + "/api/v1/partner/me", headers={"X-Request-Id": "trace-7.a_b", **auth},
+                timeout=5)
+    subscription = session.post(server.base_url + WEBHOOKS, json={"url": receiver.url}, headers=auth,
+                                timeout=5).json()
+    event = session.post(f"{server.base_url}{WEBHOOKS}/{subscription['id']}/test",
+                         json={"secret": subscription["secret"]}, headers=auth, timeout=5).json()
+    assert receiver.wait_for(1)
+    assert server.stop() == 0
+    out, err = server.output()
+    access = [json.loads(line) for line in out.splitlines()]
+    line = next(line for line in access if line.get("request_id") == "trace-7.a_b")
+    assert (line["method"], line["path"], line["status"]) == ("GET", "/api/v1/partner/me", 200)
+    assert line["name"] == "gunicorn.access" and "time" in line and "level" in line
+    service = [json.loads(line) for line in err.splitlines()]
+    assert any(line["message"].startswith("Booting worker") for line in service)
+    delivery = next(line for line in service if line.get("event_id") == event["id"])
+    assert {key: delivery[key] for key in ("subscription_id", "attempt", "outcome", "status")} == \
+        {"subscription_id": subscription["id"], "attempt": 1, "outcome": "delivered", "status": 200}
+    assert isinstance(delivery["duration_ms"], int)
+    secret = smoke_key.split(".", 1)[1]
+    assert secret not in out + err and subscription["secret"] not in out + err
+
+
+def test_an_unknown_log_format_stops_start_up_naming_the_setting(server_env, tmp_path):
+    server = Gunicorn({**server_env, "PARTNER_LOG_FORMAT": "xml"}, tmp_path)
+    assert server.process.wait(timeout=30) != 0
+    assert "PARTNER_LOG_FORMAT" in server.output()[1]
