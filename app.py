@@ -7,6 +7,7 @@ from flask import Blueprint, Flask, current_app, g, request
 from apidocs import docs
 from auth import authenticate, require_scope
 from cli import keys_cli
+from operator_cli import COMMANDS as OPERATOR_COMMANDS
 from config import load_config
 from delivery import Dispatcher
 from errors import register_error_handlers
@@ -56,6 +57,8 @@ def create_app(overrides: dict | None = None) -> Flask:
     app.register_blueprint(docs)
     install_ops(app)
     app.cli.add_command(keys_cli)
+    for group in OPERATOR_COMMANDS:
+        app.cli.add_command(group)
     return app
 
 

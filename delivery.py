@@ -21,6 +21,7 @@ from datetime import datetime, timezone
 from apscheduler.schedulers.background import BackgroundScheduler
 
 import metrics
+import retention
 import signing
 import ssrf
 import transport
@@ -56,6 +57,7 @@ class Dispatcher:
         self.concurrency = config["DELIVERY_CONCURRENCY"]
         self.poll_interval = config["DELIVERY_POLL_INTERVAL"]
         self.enabled = config["SCHEDULER_ENABLED"]
+        self.retention_days = config["RETENTION_DAYS"]
         self.lease_ms = to_ms(self.timeout + LEASE_MARGIN_SECONDS)
         self.refill_at = max(1, min(REFILL_BATCH, self.concurrency // 2))
         self.random = random.Random()
@@ -78,6 +80,7 @@ class Dispatcher:
         # overlapping scans are safe because claims are atomic and slots are reserved.
         self._scheduler.add_job(self.scan, "interval", seconds=self.poll_interval, id=SCAN_JOB,
                                 max_instances=2, coalesce=True, next_run_time=_utcnow())
+        retention.schedule(self._scheduler, self.clock, self.retention_days)
         self._scheduler.start()
         log.info("delivery scanner started: concurrency=%d poll_interval=%ss",
                  self.concurrency, self.poll_interval)

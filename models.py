@@ -182,7 +182,7 @@ class Event(BaseModel):
     subscription = ForeignKeyField(Subscription, column_name="subscription_id", on_delete="CASCADE")
     kind = TextField()
     body = BytesField()
-    created_at = BigIntegerField()
+    created_at = BigIntegerField(index=True)
 
 
 class Delivery(BaseModel):

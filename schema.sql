@@ -48,6 +48,8 @@ CREATE TABLE IF NOT EXISTS "event" (
     FOREIGN KEY ("subscription_id") REFERENCES "subscription" ("id") ON DELETE CASCADE
 );
 CREATE INDEX IF NOT EXISTS "event_subscription_id" ON "event" ("subscription_id");
+-- Retention walks finished events oldest first (retention.py).
+CREATE INDEX IF NOT EXISTS "event_created_at" ON "event" ("created_at");
 
 -- The delivery state of one event. `due_at` is when it is next claimable: the next attempt
 -- time while pending, the lease expiry while in flight, null once delivered or dead.

@@ -1,0 +1,101 @@
+"""Retention: delivered and dead-lettered events older than PARTNER_RETENTION_DAYS are deleted with
+their deliveries and failure records. Pending and in-flight work is never touched.
+
+Deletes go in small batches, each its own short write transaction (on SQLite the one write lock is
+held for one batch only: bench/state_scale.py measures it), oldest first through event_created_at.
+A daily scheduler job runs it in one process at a time, whatever the number of workers or hosts: a
+lease row in `setting` says when the next run may start, and only one claimer moves it.
+"""
+
+import logging
+import random
+import time
+from dataclasses import dataclass, fields
+from datetime import datetime, timedelta, timezone
+
+from models import Setting, db, is_sqlite, run_sql, write_transaction
+from timestamps import iso, to_ms
+
+log = logging.getLogger(__name__)
+
+DAY_MS = 86_400_000
+BATCH = 500
+PAUSE_SECONDS = 0.005  # between batches: writers queued behind one get in before the next
+CHECK_EVERY_HOURS = 1  # each process checks hourly; the lease makes it one run a day overall
+_LEASE = "retention_next_run_at"
+
+# The state list is literal and complete: only finished deliveries can ever be selected.
+_FINISHED = ("SELECT e.id FROM event AS e JOIN delivery AS d ON d.event_id = e.id "
+             "WHERE e.created_at < {p} AND d.state IN ('delivered', 'dead') "
+             "ORDER BY e.created_at LIMIT {p}{lock}")
+_DELETE = {"failures": "DELETE FROM failure WHERE event_id IN ({ids})",
+           "deliveries": "DELETE FROM delivery WHERE event_id IN ({ids})",
+           "events": "DELETE FROM event WHERE id IN ({ids})"}
+_CLAIM = "UPDATE setting SET value = {p} WHERE name = {p} AND CAST(value AS BIGINT) <= {p}"
+
+
+@dataclass
+class Pruned:
+    events: int = 0
+    deliveries: int = 0
+    failures: int = 0
+
+    def add(self, other: "Pruned") -> None:
+        for field in fields(self):
+            setattr(self, field.name, getattr(self, field.name) + getattr(other, field.name))
+
+
+def cutoff(now_ms: int, days: int) -> int:
+    return now_ms - days * DAY_MS
+
+
+def prune(before_ms: int, batch: int = BATCH) -> Pruned:
+    """Delete finished events created before `before_ms`, batch by batch, until none is left."""
+    total = Pruned()
+    while True:
+        removed = prune_batch(before_ms, batch)
+        total.add(removed)
+        if removed.events < batch:
+            return total
+        time.sleep(PAUSE_SECONDS)
+
+
+def prune_batch(before_ms: int, limit: int) -> Pruned:
+    """One batch in one write transaction: up to `limit` finished events and what hangs off them.
+    On PostgreSQL the rows are locked as they are picked (a replay racing it waits or is skipped)."""
+    lock = "" if is_sqlite() else " FOR UPDATE OF d SKIP LOCKED"
+    with write_transaction():
+        ids = [row[0] for row in run_sql(_FINISHED, (before_ms, limit), lock=lock).fetchall()]
+        if not ids:
+            return Pruned()
+        counts = {name: run_sql(sql, ids, ids=len(ids)).rowcount for name, sql in _DELETE.items()}
+    return Pruned(**counts)
+
+
+def claim_daily_run(now_ms: int) -> bool:
+    """Whether this process may run today's prune: the first to ask after the lease expires wins,
+    and moves the lease a day on, atomically."""
+    with write_transaction():
+        Setting.insert(name=_LEASE, value="0").on_conflict_ignore().execute()
+        return run_sql(_CLAIM, (str(now_ms + DAY_MS), _LEASE, now_ms)).rowcount == 1
+
+
+def run_daily(clock, days: int) -> Pruned | None:
+    """The scheduler job: prune if no process has in the last day."""
+    now = to_ms(clock())
+    with db.connection_context():
+        if not claim_daily_run(now):
+            return None
+        before = cutoff(now, days)
+        pruned = prune(before)
+    log.info("retention: removed %d events, %d deliveries, %d failure records created before %s",
+             pruned.events, pruned.deliveries, pruned.failures, iso(before))
+    return pruned
+
+
+def schedule(scheduler, clock, days: int) -> None:
+    """Add the retention job to the dispatcher's scheduler. The first check comes a few minutes
+    after start-up (spread, so workers booting together do not all ask at once)."""
+    first = datetime.now(timezone.utc) + timedelta(seconds=random.uniform(60, 300))
+    scheduler.add_job(run_daily, "interval", hours=CHECK_EVERY_HOURS, args=(clock, days),
+                      id="retention", next_run_time=first, coalesce=True, max_instances=1)
