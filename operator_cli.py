@@ -34,6 +34,10 @@ class Rfc3339(click.ParamType):
         return to_ms(moment.timestamp())
 
 
+def _now() -> int:
+    return now_ms(current_app.config["CLOCK"])
+
+
 def _table(header: tuple, rows) -> None:
     click.echo("\t".join(header))
     for row in rows:
@@ -87,7 +91,7 @@ def deliveries_list(subscription_id: str, state: str | None, limit: int) -> None
 @click.option("--event", "event_id", help="Only this event (evt_…).")
 def deliveries_replay(subscription_id: str, since: int | None, event_id: str | None) -> None:
     """Queue dead-lettered deliveries again: same event id and bytes, due now, fresh attempts."""
-    queued = _run(replay_dead_letters, subscription_id, now_ms(), since, event_id)
+    queued = _run(replay_dead_letters, subscription_id, _now(), since, event_id)
     click.echo(f"Queued {queued} dead-lettered deliveries of {subscription_id} for delivery now.")
 
 
@@ -97,7 +101,7 @@ def deliveries_replay(subscription_id: str, since: int | None, event_id: str | N
 def db_prune(days: int | None) -> None:
     """Run the retention job once, now: delete finished events older than DAYS."""
     days = days or current_app.config["RETENTION_DAYS"]
-    before = retention.cutoff(now_ms(), days)
+    before = retention.cutoff(_now(), days)
     pruned = _run(retention.prune, before)
     click.echo(f"Removed {pruned.events} events, {pruned.deliveries} deliveries and "
                f"{pruned.failures} failure records: delivered or dead-lettered, created before "

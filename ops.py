@@ -32,7 +32,7 @@ def healthz():
 
 @ops.get("/readyz")
 def readyz():
-    now = now_ms()
+    now = now_ms(current_app.config["CLOCK"])
     try:
         backlog = read_backlog(now, READY_TIMEOUT_SECONDS, check_write=True)
     except DatabaseUnavailable as error:
@@ -44,7 +44,7 @@ def readyz():
 
 @ops.get("/metrics")
 def scrape():
-    now = now_ms()
+    now = now_ms(current_app.config["CLOCK"])
     try:
         backlog = read_backlog(now, READY_TIMEOUT_SECONDS)
     except DatabaseUnavailable:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, fields
 from datetime import datetime, timedelta, timezone
 
 from models import Setting, db, is_sqlite, run_sql, write_transaction
-from timestamps import iso, to_ms
+from timestamps import iso, now_ms
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +45,9 @@ class Pruned:
             setattr(self, field.name, getattr(self, field.name) + getattr(other, field.name))
 
 
-def cutoff(now_ms: int, days: int) -> int:
-    return now_ms - days * DAY_MS
+def cutoff(now: int, days: int) -> int:
+    """The creation time (Unix ms) before which finished events go."""
+    return now - days * DAY_MS
 
 
 def prune(before_ms: int, batch: int = BATCH) -> Pruned:
@@ -72,17 +73,17 @@ def prune_batch(before_ms: int, limit: int) -> Pruned:
     return Pruned(**counts)
 
 
-def claim_daily_run(now_ms: int) -> bool:
+def claim_daily_run(now: int) -> bool:
     """Whether this process may run today's prune: the first to ask after the lease expires wins,
     and moves the lease a day on, atomically."""
     with write_transaction():
         Setting.insert(name=_LEASE, value="0").on_conflict_ignore().execute()
-        return run_sql(_CLAIM, (str(now_ms + DAY_MS), _LEASE, now_ms)).rowcount == 1
+        return run_sql(_CLAIM, (str(now + DAY_MS), _LEASE, now)).rowcount == 1
 
 
 def run_daily(clock, days: int) -> Pruned | None:
     """The scheduler job: prune if no process has in the last day."""
-    now = to_ms(clock())
+    now = now_ms(clock)
     with db.connection_context():
         if not claim_daily_run(now):
             return None

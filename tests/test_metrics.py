@@ -7,8 +7,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.receivers import Receiver
+from tests.support import WEBHOOKS
 
-WEBHOOKS = "/api/v1/partner/webhooks"
 
 CONTRACT_METRICS = {  # name: (type, label names)
     "partner_http_requests": ("counter", {"method", "route", "status"}),
@@ -133,3 +133,13 @@ def test_no_label_value_names_an_organization_a_subscription_an_event_or_a_url(
     assert "/api/v1/partner/webhooks/<subscription_id>/failures" in labels
     for label in labels:
         assert not any(word in label for word in forbidden), label
+
+
+def test_an_auto_disable_is_counted(app, client, auth, failing_receiver):
+    subscription = client.post(WEBHOOKS, json={"url": failing_receiver.url}, headers=auth).get_json()
+    before = value(scrape(client), "partner_subscriptions_auto_disabled_total")
+    for _ in range(2):  # AUTO_DISABLE_THRESHOLD=2
+        client.post(f"{WEBHOOKS}/{subscription['id']}/test", json={"secret": subscription["secret"]},
+                    headers=auth)
+    assert app.extensions["delivery"].run_due() == 2
+    assert value(scrape(client), "partner_subscriptions_auto_disabled_total") == before + 1

@@ -4,15 +4,11 @@ app and CLI, with real receivers on 127.0.0.1 and the queue stepped with run_due
 import pytest
 
 from tests.receivers import Receiver
+from tests.support import WEBHOOKS
 
-WEBHOOKS = "/api/v1/partner/webhooks"
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def database_url(request, tmp_path):
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path}/partner.sqlite3"
-    return request.getfixturevalue("postgres_url")
+pytestmark = pytest.mark.both_databases
 
 
 @pytest.fixture

@@ -7,8 +7,8 @@ import time
 import pytest
 
 from tests.servers import postgres_bin_dir, start_postgres
+from tests.support import WEBHOOKS, assert_problem
 
-WEBHOOKS = "/api/v1/partner/webhooks"
 HEX_ID = r"[0-9a-f]{32}"
 
 
@@ -48,11 +48,7 @@ def test_readyz_says_whether_this_process_runs_the_scheduler(app, client):
 
 def assert_not_ready(response, started: float) -> None:
     assert time.monotonic() - started < 5  # bounded: 2 s, plus a slow machine's margin
-    assert response.status_code == 503
-    assert response.content_type == "application/problem+json"
-    body = response.get_json()
-    assert body["code"] == "not_ready" and body["status"] == 503
-    assert body["detail"].startswith("database: ")
+    assert assert_problem(response, 503, "not_ready")["detail"].startswith("database: ")
 
 
 def test_readyz_is_503_while_the_sqlite_file_is_locked_past_the_bound(client, database_url):

@@ -10,10 +10,10 @@ from prometheus_client.mmap_dict import MmapedDict
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.receivers import Receiver
+from tests.support import WEBHOOKS
 from tests.test_gunicorn import Gunicorn, server_env, session, smoke_key  # noqa: F401 (fixtures)
 
 REQUESTS = 120
-WEBHOOKS = "/api/v1/partner/webhooks"
 
 
 @pytest.fixture

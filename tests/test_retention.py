@@ -7,16 +7,12 @@ import retention
 from models import Delivery, Event, Failure, db
 from outbox import claim_due
 from tests.receivers import Receiver
+from tests.support import WEBHOOKS
 
-WEBHOOKS = "/api/v1/partner/webhooks"
 DAY = 86400
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def database_url(request, tmp_path):
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path}/partner.sqlite3"
-    return request.getfixturevalue("postgres_url")
+pytestmark = pytest.mark.both_databases
 
 
 @pytest.fixture
