@@ -19,7 +19,7 @@ from timestamps import iso, now_ms
 log = logging.getLogger(__name__)
 
 DAY_MS = 86_400_000
-BATCH = 500
+BATCH = 100  # about 15 ms of SQLite write lock per batch (bench/state_scale.py: ≤ 50 ms)
 PAUSE_SECONDS = 0.005  # between batches: writers queued behind one get in before the next
 CHECK_EVERY_HOURS = 1  # each process checks hourly; the lease makes it one run a day overall
 _LEASE = "retention_next_run_at"

@@ -25,13 +25,19 @@ LARGE = pick(1_000_000, 100_000)
 SUBSCRIPTIONS = 100
 DUE = 100  # pending deliveries due now, the same in both databases
 ROUNDS = pick(7, 3)
+SCRAPES = pick(200, 30)
+PRUNE_BATCHES = pick(40, 10)
+RETENTION_DAYS = 30
 CALLS_PER_ROUND = pick(100, 30)
 PAGE = 20
 NOW_MS = 1_790_000_000_000
 DAY_MS = 86_400_000
 
 sys.path.insert(0, str(SERVICE_ROOT))
-import outbox  # noqa: E402  (the service's modules, from SERVICE_ROOT)
+import backlog  # noqa: E402  (the service's modules, from SERVICE_ROOT)
+import outbox  # noqa: E402
+import retention  # noqa: E402
+from app import create_app  # noqa: E402
 from models import Subscription, db, open_database  # noqa: E402
 
 
@@ -176,6 +182,48 @@ def query_plans(path, statements) -> list[dict]:
     return plans
 
 
+def time_scrapes(path) -> list[float]:
+    """Milliseconds per GET /metrics through the real app (test client) on the database at `path`."""
+    app = create_app({"DATABASE_URL": f"sqlite:///{path}", "SCHEDULER_ENABLED": False,
+                      "CLOCK": lambda: NOW_MS / 1000})
+    client = app.test_client()
+    assert b"partner_deliveries_due 100.0" in client.get("/metrics").data
+    timings = []
+    for _ in range(SCRAPES):
+        begun = time.perf_counter()
+        response = client.get("/metrics")
+        timings.append((time.perf_counter() - begun) * 1000)
+        assert response.status_code == 200
+    return timings
+
+
+def time_prune_batches(database: Database) -> tuple[list[float], int]:
+    """Milliseconds per retention batch (one write transaction each) and the rows each removed."""
+    database.bind()
+    before = retention.cutoff(NOW_MS, RETENTION_DAYS)
+    timings = []
+    with db.connection_context():
+        for _ in range(PRUNE_BATCHES):
+            begun = time.perf_counter()
+            pruned = retention.prune_batch(before, retention.BATCH)
+            timings.append((time.perf_counter() - begun) * 1000)
+            assert pruned.events == retention.BATCH, pruned
+    return timings, retention.BATCH
+
+
+def operator_plans(database: Database, path) -> dict:
+    """The plans of the scrape's backlog count and of one retention batch's selection."""
+    database.bind()
+    statements = [(backlog._DUE.format(p="?"), (NOW_MS,))]
+    with db.connection_context():
+        with db.atomic() as transaction:
+            sent = capture_sql(database, lambda _: retention.prune_batch(
+                retention.cutoff(NOW_MS, RETENTION_DAYS), retention.BATCH))
+            transaction.rollback()
+    statements += [(sql, params) for sql, params in sent if sql.startswith("SELECT")]
+    return {"operator: backlog count, retention batch": query_plans(path, statements)}
+
+
 def main() -> dict:
     measured_revision()
     with workdir("scale") as tmp:
@@ -201,7 +249,10 @@ def main() -> dict:
         with db.connection_context():
             for query, operation in QUERIES.items():
                 plans[query] = query_plans(paths["large"], capture_sql(databases["large"], operation))
+        plans.update(operator_plans(databases["large"], paths["large"]))
         hot_failures = databases["large"].hot_failures
+        scrapes = time_scrapes(paths["large"])
+        batches, batch_rows = time_prune_batches(databases["large"])
         for database in databases.values():
             database.database.close()
     medians = {key: statistics.median(values) for key, values in timings.items()}
@@ -211,10 +262,17 @@ def main() -> dict:
         figures.append(info(f"{query}, {LARGE:,} rows", medians[("large", query)], "ms"))
         figures.append(at_most(f"{query}: ratio large / small",
                                medians[("large", query)] / medians[("small", query)], "", 1.5))
+    figures.append(at_most(f"/metrics scrape (median), {LARGE:,} rows", statistics.median(scrapes),
+                           "ms", 50))
+    figures.append(info(f"/metrics scrape (slowest of {SCRAPES})", max(scrapes), "ms"))
+    figures.append(at_most(f"retention batch of {batch_rows} events: write lock (median), {LARGE:,} rows",
+                           statistics.median(batches), "ms", 50))
+    figures.append(info(f"retention batch: write lock (slowest of {PRUNE_BATCHES})", max(batches), "ms"))
     print_plans(plans)
     return report("state_scale", figures,
                   {"small_rows": SMALL, "large_rows": LARGE, "hot_subscription_failures": hot_failures,
-                   "calls": ROUNDS * CALLS_PER_ROUND, "build_s": round(build_seconds, 1)},
+                   "calls": ROUNDS * CALLS_PER_ROUND, "build_s": round(build_seconds, 1),
+                   "scrapes": SCRAPES, "retention_batches": PRUNE_BATCHES},
                   {"query_plans": plans})
 
 
