@@ -74,3 +74,32 @@ def test_an_unreachable_storage_fails_open(config, issue_key):
     response = get_me(client, key)
     assert response.status_code == 200
     assert response.get_json()["rate_limit_remaining"] == 600
+
+
+def test_a_local_window_passes_exactly_the_limit_in_any_60_seconds(clock):
+    from ratelimit import LocalWindows
+    clock.now = 1_000_000  # whole seconds: the window edge is compared exactly
+    windows = LocalWindows(clock)
+    allowed = []
+    for _ in range(4):
+        allowed.append(windows.hit("org", "a", 3).allowed)
+        clock.advance(10)
+    assert allowed == [True, True, True, False]
+    clock.advance(19)  # 59 s after the first hit: still inside its window
+    assert not windows.hit("org", "a", 3).allowed
+    clock.advance(1)
+    window = windows.hit("org", "a", 3)
+    assert (window.allowed, window.remaining, window.reset_at) == (True, 0, clock() - 50 + 60)
+
+
+def test_a_local_window_forgets_idle_budgets(clock):
+    from ratelimit import LocalWindows
+    windows = LocalWindows(clock)
+    windows.hit("org", "idle", 10)
+    clock.advance(61)
+    windows.hit("org", "busy", 10)
+    assert windows.hit("org", "idle", 10).remaining == 9  # a fresh budget, not a stale one
+    assert len(windows._hits) == 2
+    clock.advance(61)
+    windows.hit("org", "busy", 10)
+    assert list(windows._hits) == [("org", "busy")]
