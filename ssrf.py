@@ -22,7 +22,8 @@ Address = IPv4Address | IPv6Address
 MAX_URL_LENGTH = 2048
 SCHEMES = {"http": 80, "https": 443}
 
-# IANA IPv4 Special-Purpose Address Registry, plus multicast and reserved: never delivered to.
+# IANA IPv4 Special-Purpose Address Registry, plus multicast, reserved and cloud platform endpoints:
+# never delivered to.
 BLOCKED_IPV4 = tuple(ip_network(n) for n in (
     "0.0.0.0/8",        # "this network"
     "10.0.0.0/8",       # private
@@ -39,6 +40,8 @@ BLOCKED_IPV4 = tuple(ip_network(n) for n in (
     "203.0.113.0/24",   # TEST-NET-3
     "224.0.0.0/4",      # multicast
     "240.0.0.0/4",      # reserved, including limited broadcast
+    # Cloud platform endpoints on routable addresses.
+    "168.63.129.16/32",  # Azure WireServer (and its DNS, DHCP and health probes)
 ))
 
 # Only global unicast may pass, minus the special-purpose blocks inside it.

@@ -154,6 +154,8 @@ ODD_IP_SPELLINGS = [
     "http://0xa9fea9fe/",
     "http://0251.0376.0251.0376/",
     "http://0xa9.0xfe.0xa9.0xfe/",
+    "http://2829091088/",            # 168.63.129.16
+    "http://0xa8.0x3f.0x81.0x10/",
     "http://425.510.425.510/",       # octets > 255 wrap in some parsers
     "http://256.0.0.1/",
     "http://1.2.3.4.5/",
@@ -233,6 +235,7 @@ INTERNAL_LITERALS = [
     "203.0.113.0", "203.0.113.255",
     "224.0.0.0", "239.255.255.250",
     "240.0.0.0", "255.255.255.255",
+    "168.63.129.16", "[::ffff:168.63.129.16]", "[64:ff9b::a83f:8110]",  # Azure WireServer
     # IANA IPv6 special-purpose registry and everything outside 2000::/3
     "[::1]", "[::]", "[0:0:0:0:0:0:0:1]",
     "[::ffff:127.0.0.1]", "[::ffff:7f00:1]", "[0:0:0:0:0:ffff:127.0.0.1]", "[::FFFF:A9FE:A9FE]",
@@ -279,6 +282,8 @@ PUBLIC_LITERALS = [
     ("172.15.255.255", "172.15.255.255"),
     ("172.32.0.0", "172.32.0.0"),
     ("192.0.1.0", "192.0.1.0"),
+    ("168.63.129.15", "168.63.129.15"),   # Azure WireServer's neighbours
+    ("168.63.129.17", "168.63.129.17"),
     ("192.0.3.0", "192.0.3.0"),
     ("192.31.196.1", "192.31.196.1"),     # AS112-v4: globally reachable
     ("192.52.193.1", "192.52.193.1"),     # AMT: globally reachable
@@ -387,6 +392,7 @@ DNS = {
     "private.example": ["10.0.0.1"],
     "loopback.example": ["127.0.0.1"],
     "metadata.example": ["169.254.169.254"],
+    "wireserver.example": ["168.63.129.16"],
     "mixed.example": [PUBLIC_IP, "192.168.0.1"],
     "mixed6.example": ["2606:4700::1111", "fe80::1"],
     "mapped.example": ["::ffff:10.0.0.1"],
@@ -408,6 +414,7 @@ RESOLVED = [
     ("http://private.example/", "internal_url"),
     ("http://loopback.example/", "internal_url"),
     ("http://metadata.example/", "internal_url"),
+    ("http://wireserver.example/", "internal_url"),
     ("http://mixed.example/", "internal_url"),
     ("http://mixed6.example/", "internal_url"),
     ("http://mapped.example/", "internal_url"),
@@ -497,7 +504,7 @@ def test_message_names_control_character_without_echoing_it():
     ("0.0.0.0", True), ("10.1.2.3", True), ("100.64.0.1", True), ("127.0.0.1", True),
     ("169.254.169.254", True), ("172.20.0.1", True), ("192.0.0.170", True), ("192.0.2.1", True),
     ("192.88.99.1", True), ("192.168.0.1", True), ("198.18.0.1", True), ("198.51.100.1", True),
-    ("203.0.113.1", True), ("224.0.0.1", True), ("255.255.255.255", True),
+    ("203.0.113.1", True), ("224.0.0.1", True), ("255.255.255.255", True), ("168.63.129.16", True),
     ("8.8.8.8", False), ("100.128.0.0", False), ("172.32.0.0", False), ("198.20.0.0", False),
     ("::1", True), ("::", True), ("::ffff:127.0.0.1", True), ("::ffff:8.8.8.8", True),
     ("::ffff:0:7f00:1", True), ("::7f00:1", True), ("64:ff9b::7f00:1", True), ("64:ff9b::808:808", True),
