@@ -20,10 +20,14 @@ from limits import RateLimitItemPerMinute
 
 from errors import ApiError
 from metrics import RATE_LIMITED
+from outages import Outage
 
 log = logging.getLogger(__name__)
 
 WINDOW_SECONDS = 60
+# While the storage is failing, requests skip it and only one probe a second waits for it, so a
+# frozen Redis costs each request nothing, rather than a socket timeout each.
+PROBE_INTERVAL_SECONDS = 1.0
 
 
 @dataclass(frozen=True)
@@ -90,16 +94,53 @@ def _expire(hits: deque, now: float) -> None:
         hits.popleft()
 
 
+def storage_options(uri: str, timeout: float) -> dict:
+    """Socket timeouts for a Redis storage: without them a Redis that stops answering (SIGSTOP, a
+    network partition) blocks every request thread for as long as it is stuck. Options in the URL
+    (`?socket_timeout=...`) still win."""
+    if not uri.startswith(("redis", "valkey")):
+        return {}
+    return {"socket_timeout": timeout, "socket_connect_timeout": timeout}
+
+
+class StorageProbe:
+    """While the storage is failing, requests skip it and only one per PROBE_INTERVAL_SECONDS asks
+    it again, so a frozen Redis costs each request nothing rather than a socket timeout each."""
+
+    def __init__(self):
+        self.outage = Outage(log, "rate-limit storage", "serving without a limit", each_failure=False)
+        self._lock = threading.Lock()
+        self._probe_at = 0.0
+
+    def should_skip(self) -> bool:
+        """Whether to serve this request without asking the storage (an outage, between probes)."""
+        if not self.outage.active:
+            return False
+        with self._lock:
+            now = time.monotonic()
+            if now < self._probe_at:
+                return True
+            self._probe_at = now + PROBE_INTERVAL_SECONDS
+            return False
+
+    def failed(self, error: Exception) -> None:
+        with self._lock:
+            self._probe_at = time.monotonic() + PROBE_INTERVAL_SECONDS
+        self.outage.failed(error)
+
+
 class RateLimits:
     """The two budgets every API request is charged to."""
 
     def __init__(self, app: Flask):
+        uri = app.config["RATELIMIT_STORAGE_URI"]
+        options = storage_options(uri, app.config["RATELIMIT_STORAGE_TIMEOUT"])
         self._limiter = Limiter(key_func=lambda: "", strategy="moving-window",
-                                headers_enabled=False, default_limits=[])
+                                headers_enabled=False, default_limits=[], storage_options=options)
+        self._storage = StorageProbe()
         self._limiter.init_app(app)
         # Its per-request hooks would look for limits we never declare: exempt every request from them.
         self._limiter.request_filter(lambda: True)
-        uri = app.config["RATELIMIT_STORAGE_URI"]
         self._local = LocalWindows() if uri.startswith("memory://") else None
         self.auth_failures_per_minute = app.config["AUTH_FAILURE_RATE_LIMIT"]
 
@@ -124,13 +165,17 @@ class RateLimits:
     def _charge(self, scope: str, key: str, per_minute: int) -> Window:
         if self._local is not None:
             return self._local.hit(scope, key, per_minute)
+        # Fail open: an unreachable or frozen storage must turn no request into a 500 or a hang.
+        unlimited = Window(per_minute, per_minute, time.time() + WINDOW_SECONDS, True)
+        if self._storage.should_skip():
+            return unlimited
         item = RateLimitItemPerMinute(per_minute)
         strategy = self._limiter.limiter
         try:
             allowed = strategy.hit(item, scope, key)
             reset_at, remaining = strategy.get_window_stats(item, scope, key)
         except Exception as error:  # noqa: BLE001 - any storage failure
-            # Fail open: an unreachable storage (Redis down) must not turn every request into a 500.
-            log.error("rate-limit storage unavailable (%s): serving without a limit", type(error).__name__)
-            return Window(per_minute, per_minute, time.time() + WINDOW_SECONDS, True)
+            self._storage.failed(error)
+            return unlimited
+        self._storage.outage.recovered()
         return Window(per_minute, remaining, reset_at, allowed)

@@ -8,11 +8,16 @@ limiter and connection) share one Redis.
 
 import functools
 import re
+import shutil
+import signal
 import threading
+import time
 
 import pytest
 
 from app import create_app
+from ratelimit import PROBE_INTERVAL_SECONDS, storage_options
+from tests.servers import start_redis
 from tests.support import run_together
 from tests.test_ratelimit import get_me
 
@@ -82,3 +87,48 @@ def test_without_redis_each_process_counts_alone(client, other_client, issue_key
     """Why scale-out needs Redis: memory:// gives every process a budget of its own."""
     key = issue_key(org="shared", rate_limit=1)
     assert [get_me(c, key).status_code for c in (client, other_client)] == [200, 200]
+
+
+@pytest.fixture
+def own_redis(tmp_path):
+    """A Redis server for this test alone, for tests that freeze it: the session's is shared."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.skip("redis-server is not installed: run scripts/test-services.sh to install it")
+    server = start_redis(binary, tmp_path)
+    yield server
+    server.process.send_signal(signal.SIGCONT)
+    server.stop()
+
+
+def test_a_frozen_redis_costs_no_request_more_than_a_second_and_limits_return(config, own_redis, issue_key,
+                                                                              caplog):
+    client = create_app({**config, "RATELIMIT_STORAGE_URI": own_redis.url()}).test_client()
+    key = issue_key(org="busy", rate_limit=2)
+    assert [get_me(client, key).status_code for _ in range(3)] == [200, 200, 429]
+
+    own_redis.process.send_signal(signal.SIGSTOP)  # accepts connections, answers nothing
+    frozen_until = time.monotonic() + 5
+    while time.monotonic() < frozen_until:
+        started = time.monotonic()
+        response = get_me(client, key)
+        assert time.monotonic() - started < 1
+        assert response.status_code == 200  # served without a limit
+        time.sleep(0.05)
+    own_redis.process.send_signal(signal.SIGCONT)
+
+    time.sleep(PROBE_INTERVAL_SECONDS)  # the next request probes Redis again
+    assert get_me(client, key).status_code == 429
+    lines = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "ratelimit"]
+    assert [level for level, _ in lines] == ["ERROR", "WARNING"], lines
+    assert lines[0][1].startswith("rate-limit storage unavailable (TimeoutError: ")
+    assert lines[1][1].startswith("rate-limit storage answers again after ")
+
+
+@pytest.mark.parametrize("uri, options", [
+    ("redis://127.0.0.1:6379/0", {"socket_timeout": 0.25, "socket_connect_timeout": 0.25}),
+    ("rediss://127.0.0.1:6379/0", {"socket_timeout": 0.25, "socket_connect_timeout": 0.25}),
+    ("memory://", {}),
+])
+def test_redis_storage_gets_socket_timeouts_by_default(uri, options):
+    assert storage_options(uri, 0.25) == options
