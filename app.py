@@ -3,6 +3,7 @@
 import logging
 
 from flask import Blueprint, Flask, current_app, g, request
+from werkzeug.exceptions import NotFound
 
 from apidocs import docs
 from auth import authenticate, require_scope
@@ -13,7 +14,7 @@ from delivery import Dispatcher
 from errors import register_error_handlers
 from keys import IDENTITY_READ, WEBHOOKS_MANAGE
 from lookups import Lookups
-from models import db, open_database
+from models import database_outage, db, open_database
 from ops import install_ops, ops
 from outbox import TEST_PING, failures_page, trigger_test_ping
 from pagination import cursor_key, encode_cursor, read_page_args
@@ -50,7 +51,9 @@ def create_app(overrides: dict | None = None) -> Flask:
     app.extensions["subscription_fields"] = subscription_fields(
         lookups.within(CREATE_LOOKUP_SECONDS), app.config["ALLOWED_NETWORKS"])
     install_request_ids(app)
+    app.before_request(_refuse_doubled_slashes)
     app.before_request(_open_connection)
+    app.after_request(_note_database_answered)
     app.teardown_request(_close_connection)
     register_error_handlers(app)
     app.register_blueprint(api)
@@ -62,9 +65,23 @@ def create_app(overrides: dict | None = None) -> Flask:
     return app
 
 
+def _refuse_doubled_slashes() -> None:
+    # Werkzeug would answer `/a//b` with a 308 HTML redirect to `/a/b` and serve `//a` as `/a`;
+    # a path with an empty segment names no resource: 404 problem+json, before authentication.
+    if "//" in request.environ.get("PATH_INFO", ""):
+        raise NotFound()
+
+
 def _open_connection() -> None:
     if request.blueprint != ops.name:  # the ops endpoints reach the database on their own terms
         db.connect(reuse_if_open=True)
+
+
+def _note_database_answered(response):
+    # Every API route reads the database (the key lookup at least): one that answered ends an outage.
+    if request.blueprint == api.name and response.status_code < 500:
+        database_outage.recovered()
+    return response
 
 
 def _close_connection(_error=None) -> None:

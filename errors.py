@@ -4,7 +4,10 @@ import logging
 from http import HTTPStatus
 
 from flask import Flask, Response, json
+from gunicorn.http.errors import ParseException
 from werkzeug.exceptions import HTTPException
+
+from models import database_outage, discard_idle_connections, is_unavailable
 
 log = logging.getLogger(__name__)
 
@@ -20,6 +23,10 @@ HTTP_CODES = {
     413: "payload_too_large",
     429: "rate_limited",
 }
+
+# Seconds a client is asked to wait when the database cannot answer: a lock or a restart is usually
+# over by then, and it spaces out retries while an outage lasts.
+RETRY_AFTER_SECONDS = 5
 
 
 class ApiError(Exception):
@@ -63,6 +70,7 @@ def problem(status: int, code: str, detail: str, errors: list[dict] | None = Non
 def register_error_handlers(app: Flask) -> None:
     app.register_error_handler(ApiError, _api_error)
     app.register_error_handler(HTTPException, _http_error)
+    app.register_error_handler(ParseException, _unreadable_body)
     app.register_error_handler(Exception, _unexpected_error)
 
 
@@ -79,7 +87,26 @@ def _http_error(error: HTTPException) -> Response:
                    response=error.get_response())
 
 
+def _unreadable_body(error: ParseException) -> Response:
+    # gunicorn decodes a chunked body while the view reads it: a bad chunk size or a missing CRLF
+    # surfaces here, from inside request.get_data().
+    log.info("unreadable request body: %s", type(error).__name__)
+    return problem(400, "invalid_json", "The request body could not be read (malformed chunked encoding).")
+
+
 def _unexpected_error(error: Exception) -> Response:
+    if is_unavailable(error):
+        return _storage_unavailable(error)
     # The traceback goes to the server log only; the partner gets a bare 500.
     log.error("unhandled %s", type(error).__name__, exc_info=error)
     return problem(500, "internal_error", "An unexpected error occurred.")
+
+
+def _storage_unavailable(error: Exception) -> Response:
+    """503: the database cannot answer or write now. Its transaction was rolled back: nothing changed."""
+    database_outage.failed(error)
+    discard_idle_connections()  # a restarted server must not be asked through dead connections
+    response = problem(503, "service_unavailable",
+                       "The service cannot reach its database right now; nothing was changed. Retry later.")
+    response.headers["Retry-After"] = str(RETRY_AFTER_SECONDS)
+    return response

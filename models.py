@@ -9,8 +9,12 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from peewee import (SQL, BigIntegerField, BlobField, BooleanField, DatabaseProxy, ForeignKeyField,
-                    IntegerField, Model, ModelIndex, PostgresqlDatabase, SqliteDatabase, TextField)
+                    IntegerField, InterfaceError, Model, ModelIndex, OperationalError, PostgresqlDatabase,
+                    SqliteDatabase, TextField)
 from playhouse.db_url import connect
+from playhouse.pool import MaxConnectionsExceeded
+
+from outages import Outage
 
 SCHEMA_PATH = Path(__file__).with_name("schema.sql")
 
@@ -25,6 +29,9 @@ POOL = {"max_connections": 64, "stale_timeout": 300, "timeout": 10}
 SCHEMA_LOCK_ID = 0x7061727472
 
 db = DatabaseProxy()
+# This process's view of the database's availability, shared by the request path and the scanner.
+database_outage = Outage(logging.getLogger(__name__), "database",
+                         "requests answer 503 and deliveries wait")
 
 _ALPHANUMERIC = string.ascii_letters + string.digits
 
@@ -110,6 +117,37 @@ def select_rows(template: str, params, ids: int = 0, **parts: str) -> list[dict]
 # handler, which sleeps in steps of 1 to 100 ms and starves a busy process; other processes still
 # wait in the busy handler. Re-entrant, so write transactions nest.
 _SQLITE_WRITER = threading.RLock()
+# How long a writer waits for that lock before giving up (503). Unbounded, writers queued behind a
+# database locked from outside held every request thread, and a GET waited ~15 s for a free thread
+# though it needs no lock; in-process writes hold the lock for milliseconds, so this is only reached
+# when the holder itself is stuck in the busy handler.
+WRITER_WAIT_SECONDS = 1.0
+
+# SQLite's messages for a database that cannot answer or write now (not for a bug in a statement).
+_SQLITE_UNAVAILABLE = ("locked", "busy", "full", "disk i/o", "unable to open", "readonly")
+
+
+class DatabaseBusy(OperationalError):
+    """The in-process SQLite writer lock was not free within WRITER_WAIT_SECONDS."""
+
+
+def is_unavailable(error: BaseException) -> bool:
+    """Whether `error` means the database cannot answer or write right now (down, full, locked),
+    so the operation may succeed later, as opposed to a bug."""
+    if isinstance(error, (InterfaceError, MaxConnectionsExceeded)):
+        return True
+    if not isinstance(error, OperationalError):
+        return False
+    if isinstance(error, DatabaseBusy) or not is_sqlite():
+        return True  # psycopg2's OperationalError is the connection's or the server's, never the SQL's
+    return any(word in str(error).lower() for word in _SQLITE_UNAVAILABLE)
+
+
+def discard_idle_connections() -> None:
+    """Close the pool's idle connections: after an outage they point at a server that is gone."""
+    close_idle = getattr(db.obj, "close_idle", None)
+    if close_idle:
+        close_idle()
 
 
 @contextmanager
@@ -121,8 +159,28 @@ def write_transaction():
         with db.atomic():
             yield
         return
-    with _SQLITE_WRITER, db.atomic("IMMEDIATE"):
-        yield
+    if not _SQLITE_WRITER.acquire(timeout=WRITER_WAIT_SECONDS):
+        raise DatabaseBusy(f"another write held the database for over {WRITER_WAIT_SECONDS} s")
+    try:
+        with db.atomic("IMMEDIATE"):
+            yield
+    finally:
+        _SQLITE_WRITER.release()
+
+
+def can_write(now_ms: int) -> bool:
+    """Whether the database accepts a committed write now: a disk too full for SQLite's WAL or
+    PostgreSQL's, a lock held past the bound or a server that is down all answer False."""
+    try:
+        with db.connection_context(), write_transaction():
+            (Setting.insert(name="write_probe", value=str(now_ms))
+             .on_conflict(conflict_target=[Setting.name], update={Setting.value: str(now_ms)})
+             .execute())
+    except Exception as error:  # noqa: BLE001 - sorted by is_unavailable, the rest re-raised
+        if not is_unavailable(error):
+            raise
+        return False
+    return True
 
 
 class BytesField(BlobField):

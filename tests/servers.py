@@ -136,6 +136,7 @@ class PostgresServer:
     bin_dir: Path
     as_user: list
     watchdog: Watchdog | None = None
+    options: str = ""  # postgres's command-line options, kept for resume()
 
     def url(self, schema: str) -> str:
         """A PARTNER_DATABASE_URL whose connections see only `schema` (their search_path)."""
@@ -174,6 +175,15 @@ class PostgresServer:
         return [*self.as_user, str(self.bin_dir / "pg_ctl"), "-D", str(self.root / "data"),
                 "stop", "-m", "immediate", "-w"]
 
+    def pause(self) -> None:
+        """An outage: stop the server (its connections drop), keeping its data for resume()."""
+        self.pg_ctl("stop", "-m", "fast", "-w")
+
+    def resume(self) -> None:
+        """Start the paused server again, on the same port with the same data."""
+        self.pg_ctl("start", "-w", "-t", str(START_SECONDS), "-l", str(self.root / "postgres.log"),
+                    "-o", self.options)
+
     def stop(self) -> None:
         subprocess.run(self.stop_command(), stdin=subprocess.DEVNULL, capture_output=True)
         shutil.rmtree(self.root, ignore_errors=True)
@@ -199,10 +209,10 @@ def start_postgres(bin_dir: Path) -> PostgresServer:
         for _ in range(5):  # another process may take the port between probing and binding
             server.port = free_port()
             # A test server: durability is not needed, speed is.
-            options = (f"-c listen_addresses=127.0.0.1 -p {server.port} -k {root} "
-                       "-c fsync=off -c synchronous_commit=off -c full_page_writes=off")
+            server.options = (f"-c listen_addresses=127.0.0.1 -p {server.port} -k {root} "
+                              "-c fsync=off -c synchronous_commit=off -c full_page_writes=off")
             started = server.pg_ctl("start", "-w", "-t", str(START_SECONDS), "-l", str(root / "postgres.log"),
-                                    "-o", options, check=False)
+                                    "-o", server.options, check=False)
             if started.returncode == 0:
                 server.execute(f'CREATE DATABASE "{DATABASE}"', database="postgres")
                 return server
@@ -213,14 +223,26 @@ def start_postgres(bin_dir: Path) -> PostgresServer:
         raise
 
 
-@pytest.fixture(scope="session")
-def postgres_server():
+def postgres_bin_dir_or_skip() -> Path:
     bin_dir = postgres_bin_dir()
     if bin_dir is None:
         pytest.skip(f"PostgreSQL (initdb, pg_ctl under /usr/lib/postgresql/*/bin) is not installed: {INSTALL_HINT}")
     if os.geteuid() == 0 and shutil.which("runuser") is None:
         pytest.skip("PostgreSQL refuses to run as root and runuser is missing")
-    server = start_postgres(bin_dir)
+    return bin_dir
+
+
+@pytest.fixture(scope="session")
+def postgres_server():
+    server = start_postgres(postgres_bin_dir_or_skip())
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def own_postgres_server():
+    """A PostgreSQL server for this test alone, for tests that stop it: the session's is shared."""
+    server = start_postgres(postgres_bin_dir_or_skip())
     yield server
     server.stop()
 

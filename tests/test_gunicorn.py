@@ -1,5 +1,6 @@
 """One real gunicorn, as `make run` starts it: serves the API, keeps secrets out of its log, stops cleanly."""
 
+import json
 import os
 import signal
 import socket
@@ -120,3 +121,41 @@ def test_gunicorn_serves_logs_no_secret_and_stops_cleanly(gunicorn, smoke_key, s
         assert secret not in text and smoke_key not in text
         assert "api_key" not in text and f"{ME}?" not in text
     assert "Traceback" not in stderr, stderr
+
+
+def raw_exchange(port: int, request: bytes) -> tuple[int, dict, bytes]:
+    """Send `request` bytes as they are (no client library fixes them up); return the answer."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(request)
+        sock.shutdown(socket.SHUT_WR)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    status_line, *header_lines = head.decode("latin-1").split("\r\n")
+    headers = dict(line.split(": ", 1) for line in header_lines)
+    return int(status_line.split()[1]), {k.lower(): v for k, v in headers.items()}, body
+
+
+@pytest.mark.parametrize("chunks", [b"zz\r\n{}\r\n0\r\n\r\n",        # a chunk size that is not hex
+                                    b"2\r\n{}XX0\r\n\r\n",            # no CRLF after the chunk
+                                    b"-2\r\n{}\r\n0\r\n\r\n"])
+def test_a_malformed_chunked_body_is_400_problem_json(gunicorn, smoke_key, session, chunks):
+    gunicorn.wait_until_serving(session)
+    status, headers, body = raw_exchange(gunicorn.port, (
+        f"POST /api/v1/partner/webhooks HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {smoke_key}\r\n"
+        "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+    ).encode() + chunks)
+    assert (status, headers["content-type"]) == (400, "application/problem+json"), body
+    assert json.loads(body)["code"] == "invalid_json"
+    assert "Traceback" not in gunicorn.output()[1]
+
+
+@pytest.mark.parametrize("path", ["//api/v1/partner/me", "/api/v1/partner//me", "/api//v1/partner/me"])
+def test_a_doubled_slash_is_a_404_problem_not_a_redirect(gunicorn, smoke_key, session, path):
+    gunicorn.wait_until_serving(session)
+    status, headers, body = raw_exchange(gunicorn.port, (
+        f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {smoke_key}\r\n"
+        "Connection: close\r\n\r\n").encode())
+    assert (status, headers["content-type"]) == (404, "application/problem+json"), body
+    assert json.loads(body)["code"] == "not_found"

@@ -1,0 +1,114 @@
+"""When the database cannot answer or write: 503 problem+json with Retry-After, nothing changed,
+bounded waits, and reads never held behind writers."""
+
+import sqlite3
+import threading
+import time
+
+import pytest
+
+import models
+from models import db, is_unavailable
+
+ME, WEBHOOKS = "/api/v1/partner/me", "/api/v1/partner/webhooks"
+NEW = {"url": "https://hooks.partner.example/h"}
+
+
+def assert_unavailable(response):
+    assert response.status_code == 503, response.get_data()
+    assert response.content_type == "application/problem+json"
+    body = response.get_json()
+    assert (body["status"], body["code"], body["type"]) == (503, "service_unavailable", "about:blank")
+    assert 1 <= int(response.headers["Retry-After"]) <= 60
+    assert "Traceback" not in response.get_data(as_text=True)
+
+
+def timed(request):
+    started = time.monotonic()
+    response = request()
+    return response, time.monotonic() - started
+
+
+@pytest.fixture
+def writer_lock_held():
+    """Another thread of this process holds the SQLite writer lock and does not let go (a writer stuck
+    in SQLite's busy handler behind a lock held from outside)."""
+    taken, release = threading.Event(), threading.Event()
+
+    def hold():
+        with models._SQLITE_WRITER:
+            taken.set()
+            release.wait(30)
+    thread = threading.Thread(target=hold)
+    thread.start()
+    taken.wait()
+    yield
+    release.set()
+    thread.join()
+
+
+def test_a_write_that_cannot_get_the_writer_lock_gives_up_with_503(client, auth, writer_lock_held):
+    response, seconds = timed(lambda: client.post(WEBHOOKS, json=NEW, headers=auth))
+    assert_unavailable(response)
+    assert models.WRITER_WAIT_SECONDS <= seconds < models.WRITER_WAIT_SECONDS + 1
+
+
+def test_reads_never_wait_for_the_writer_lock(client, auth, writer_lock_held):
+    response, seconds = timed(lambda: client.get(ME, headers=auth))
+    assert response.status_code == 200
+    assert seconds < models.WRITER_WAIT_SECONDS / 2
+    assert client.get(WEBHOOKS, headers=auth).get_json()["data"] == []
+
+
+@pytest.fixture
+def locked_from_outside(tmp_path):
+    """Another process's connection (here: another connection) holds SQLite's write lock."""
+    outside = sqlite3.connect(tmp_path / "partner.sqlite3", isolation_level=None)
+    outside.execute("BEGIN IMMEDIATE")
+    yield
+    outside.execute("ROLLBACK")
+    outside.close()
+
+
+def test_sqlite_locked_from_outside_is_503_and_nothing_changes(client, auth, locked_from_outside):
+    assert_unavailable(client.post(WEBHOOKS, json=NEW, headers=auth))
+    response, seconds = timed(lambda: client.get(WEBHOOKS, headers=auth))
+    assert (response.status_code, response.get_json()["data"]) == (200, [])
+    assert seconds < 1
+
+
+def test_the_write_goes_through_once_the_lock_is_released(client, auth, tmp_path):
+    outside = sqlite3.connect(tmp_path / "partner.sqlite3", isolation_level=None, check_same_thread=False)
+    outside.execute("BEGIN IMMEDIATE")
+    threading.Timer(0.3, outside.execute, ("ROLLBACK",)).start()
+    assert client.post(WEBHOOKS, json=NEW, headers=auth).status_code == 201  # within the busy timeout
+    outside.close()
+
+
+def test_the_outage_is_logged_once_and_its_end_once(client, auth, writer_lock_held, caplog):
+    for _ in range(3):
+        assert_unavailable(client.post(WEBHOOKS, json=NEW, headers=auth))
+    assert client.get(ME, headers=auth).status_code == 200
+    lines = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "models"]
+    assert [level for level, _ in lines] == ["ERROR", "WARNING"], lines
+    assert lines[0][1].startswith("database unavailable (DatabaseBusy: ")
+    assert lines[1][1].startswith("database answers again after ") and "(3 failures meanwhile)" in lines[1][1]
+
+
+@pytest.mark.parametrize("message, unavailable", [
+    ("database is locked", True), ("database or disk is full", True), ("disk I/O error", True),
+    ("unable to open database file", True), ("attempt to write a readonly database", True),
+    ("no such table: nope", False), ('near "SELEC": syntax error', False),
+])
+def test_only_sqlite_errors_of_the_storage_are_unavailability(app, message, unavailable):
+    from peewee import OperationalError
+    assert is_unavailable(OperationalError(message)) is unavailable
+
+
+def test_a_bug_in_sql_is_still_a_500_not_a_503(app):
+    @app.get("/bad-sql")
+    def bad_sql():
+        db.execute_sql("SELECT * FROM no_such_table")
+
+    response = app.test_client().get("/bad-sql")
+    assert (response.status_code, response.get_json()["code"]) == (500, "internal_error")
