@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from tests.test_faults import ME, NEW, WEBHOOKS, assert_unavailable
+from tests.support import ME, WEBHOOKS
+from tests.test_faults import NEW, assert_unavailable
 
 
 @pytest.fixture
