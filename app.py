@@ -3,6 +3,7 @@
 import logging
 
 from flask import Blueprint, Flask, current_app, g, request
+from playhouse.shortcuts import model_to_dict
 from werkzeug.exceptions import NotFound
 
 from apidocs import docs
@@ -119,18 +120,19 @@ def me():
 
 # --- webhook subscriptions ----------------------------------------------------------------------
 
-def subscription_json(subscription, include_secret: bool = False) -> dict:
+def subscription_json(row: dict, include_secret: bool = False) -> dict:
+    """A subscription's fields (a row by field name) as the API shows them."""
     body = {
-        "id": subscription.id,
-        "url": subscription.url,
-        "description": subscription.description,
-        "active": subscription.active,
-        "consecutive_failures": subscription.consecutive_failures,
-        "auto_disabled_at": iso(subscription.auto_disabled_at),
-        "created_at": iso(subscription.created_at),
+        "id": row["id"],
+        "url": row["url"],
+        "description": row["description"],
+        "active": bool(row["active"]),  # SQLite answers 0 or 1
+        "consecutive_failures": row["consecutive_failures"],
+        "auto_disabled_at": iso(row["auto_disabled_at"]),
+        "created_at": iso(row["created_at"]),
     }
     if include_secret:
-        body["secret"] = subscription.secret
+        body["secret"] = row["secret"]
     return body
 
 
@@ -146,7 +148,7 @@ def create_webhook():
     subscription = create_subscription(g.api_key.organization, fields["url"], fields["description"],
                                        now_ms(current_app.config["CLOCK"]))
     location = f"{api.url_prefix}/webhooks/{subscription.id}"
-    return subscription_json(subscription, include_secret=True), 201, {"Location": location}
+    return subscription_json(model_to_dict(subscription, recurse=False), include_secret=True), 201, {"Location": location}
 
 
 @api.get("/webhooks")
@@ -182,18 +184,19 @@ def test_webhook(subscription_id: str):
             "status": "queued"}, 202
 
 
-def failure_json(failure) -> dict:
+def failure_json(row: dict) -> dict:
+    """A failure record (a row by field name, with its event's `kind`) as the API shows it."""
     return {
-        "id": failure.id,
-        "event_id": failure.event.id,
-        "event": failure.event.kind,
-        "attempt": failure.attempt,
-        "http_status": failure.http_status,
-        "error": failure.error,
-        "response_excerpt": failure.response_excerpt,
-        "duration_ms": failure.duration_ms,
-        "attempted_at": iso(failure.attempted_at),
-        "next_attempt_at": iso(failure.next_attempt_at),
+        "id": row["id"],
+        "event_id": row["event"],
+        "event": row["kind"],
+        "attempt": row["attempt"],
+        "http_status": row["http_status"],
+        "error": row["error"],
+        "response_excerpt": row["response_excerpt"],
+        "duration_ms": row["duration_ms"],
+        "attempted_at": iso(row["attempted_at"]),
+        "next_attempt_at": iso(row["next_attempt_at"]),
     }
 
 

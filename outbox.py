@@ -191,8 +191,7 @@ def record_attempt(claim: Claim, result: AttemptResult, attempted_at: int, finis
 
 def failures_page(subscription: Subscription, position: list | None, limit: int):
     """A page of the subscription's failure records, newest first, and the next position."""
-    query = (Failure.select(Failure, Event.id, Event.kind).join(Event)
-             .where(Failure.subscription == subscription))
+    query = Failure.select(Failure, Event.kind).join(Event).where(Failure.subscription == subscription)
     return keyset_page(query, (Failure.attempted_at, Failure.id), position, limit, newest_first=True)
 
 

@@ -63,6 +63,22 @@ def run_together(*work: Callable[[], object]) -> list[Exception]:
     return errors
 
 
+def query_plan(database, action) -> str:
+    """Run `action` and return the SQLite query plans of the statements it ran, as one text."""
+    statements = []
+    connection = database.connection()
+    connection.set_trace_callback(statements.append)
+    try:
+        action()
+    finally:
+        connection.set_trace_callback(None)
+    plans = []
+    for sql in statements:
+        if sql.lstrip().upper().startswith(("SELECT", "UPDATE")):
+            plans += [row[-1] for row in database.execute_sql(f"EXPLAIN QUERY PLAN {sql}").fetchall()]
+    return "\n".join(plans)
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago (a server retries if it is taken since)."""
     with socket.socket() as probe:

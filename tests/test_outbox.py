@@ -15,7 +15,7 @@ from outbox import (NOT_RECORDED, Recorded, claim_due, enqueue_test_ping, failur
                     trigger_test_ping)
 from retry import RetryPolicy
 from subscriptions import create_subscription, delete_subscription
-from tests.support import run_together
+from tests.support import query_plan, run_together
 from transport import AttemptResult
 
 NOW = 1_800_000_000_123  # 2027-01-15T08:00:00.123Z, Unix ms
@@ -87,22 +87,6 @@ def count(model, subscription) -> int:
     if model is Delivery:
         return Delivery.select().join(Event).where(Event.subscription == subscription).count()
     return model.select().where(model.subscription == subscription).count()
-
-
-def query_plan(database, action) -> str:
-    """Run `action` and return the SQLite query plans of the statements it ran, as one text."""
-    statements = []
-    connection = database.connection()
-    connection.set_trace_callback(statements.append)
-    try:
-        action()
-    finally:
-        connection.set_trace_callback(None)
-    plans = []
-    for sql in statements:
-        if sql.lstrip().upper().startswith(("SELECT", "UPDATE")):
-            plans += [row[-1] for row in database.execute_sql(f"EXPLAIN QUERY PLAN {sql}").fetchall()]
-    return "\n".join(plans)
 
 
 # --- enqueue ----------------------------------------------------------------------------------
