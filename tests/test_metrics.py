@@ -40,11 +40,9 @@ def value(scraped: dict, name: str, **labels) -> float:
     return scraped["samples"].get((name, frozenset(labels.items())), 0.0)
 
 
-@pytest.fixture
-def config(config):
-    config.update(WEBHOOK_ALLOWED_NETWORKS=["127.0.0.0/8"], DELIVERY_RETRY_DELAYS=[],
-                  AUTO_DISABLE_THRESHOLD=2)
-    return config
+# One attempt per event; the second failure in a row auto-disables.
+pytestmark = pytest.mark.config(WEBHOOK_ALLOWED_NETWORKS=["127.0.0.0/8"], DELIVERY_RETRY_DELAYS=[],
+                                AUTO_DISABLE_THRESHOLD=2)
 
 
 @pytest.fixture

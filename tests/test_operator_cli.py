@@ -8,15 +8,12 @@ from tests.support import WEBHOOKS
 
 
 
-pytestmark = pytest.mark.both_databases
+# On both databases; one attempt per event, and the second failure in a row auto-disables.
+pytestmark = [pytest.mark.both_databases,
+              pytest.mark.config(WEBHOOK_ALLOWED_NETWORKS=["127.0.0.0/8"], DELIVERY_RETRY_DELAYS=[],
+                                 AUTO_DISABLE_THRESHOLD=2)]
 
 
-@pytest.fixture
-def config(config):
-    # One attempt per event; the second failure in a row auto-disables.
-    config.update(WEBHOOK_ALLOWED_NETWORKS=["127.0.0.0/8"], DELIVERY_RETRY_DELAYS=[],
-                  AUTO_DISABLE_THRESHOLD=2)
-    return config
 
 
 @pytest.fixture
