@@ -7,13 +7,14 @@ counts if the lease is still ours.
 
 import hmac
 import json
+import secrets
 import uuid
 from dataclasses import dataclass
 
 from errors import ApiError
 
 from models import (IN_FLIGHT_CONDITION, IS_OPEN, OPEN_CONDITION, Delivery, Event, Failure,
-                    Organization, Subscription, is_sqlite, new_id, random_token, run_sql, select_rows, write_transaction)
+                    Organization, Subscription, is_sqlite, new_id, run_sql, select_rows, write_transaction)
 from pagination import keyset_page
 from retry import RetryPolicy
 from subscriptions import find_subscription
@@ -121,7 +122,7 @@ def claim_due(now_ms: int, limit: int, lease_ms: int, failing_limit: int | None 
     At most `failing_limit` (None: any number) go to subscriptions whose last attempt failed."""
     if limit <= 0:
         return []
-    token = random_token(22)
+    token = secrets.token_hex(11)  # 22 characters; a tenth of random_token's cost, once per scan
     with write_transaction():
         kept, released = _claim(now_ms, limit, lease_ms, token, only_healthy=failing_limit == 0)
         over = [claim for claim in kept if claim.failing][failing_limit:] if failing_limit else []
