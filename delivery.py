@@ -12,9 +12,11 @@ hold at most half of the slots together: however many endpoints are dead, once t
 once they leave the other half to the healthy ones.
 """
 
+import dataclasses
 import logging
 import random
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 
@@ -26,8 +28,9 @@ import signing
 import ssrf
 import transport
 from lookups import Lookups
-from models import db
-from outbox import Claim, Recorded, claim_due, record_attempt
+from outages import describe
+from models import database_outage, db, discard_idle_connections, is_unavailable
+from outbox import Claim, Recorded, claim_due, record_attempt, release
 from retry import MAX_JITTER, RetryPolicy
 from timestamps import to_ms
 
@@ -40,6 +43,11 @@ LEASE_MARGIN_SECONDS = 30
 # A finished attempt refills slots once this many are free (or half of them, if fewer): one claim
 # transaction then starts several attempts, instead of one transaction per attempt under load.
 REFILL_BATCH = 8
+# While the database fails, scans wait this long, doubling up to the maximum (seconds).
+SCAN_BACKOFF_SECONDS, MAX_SCAN_BACKOFF_SECONDS = 1, 60
+# An outcome that could not be written is written again after these pauses (seconds), while the
+# lease lasts, rather than the attempt being made again when the lease expires.
+RECORD_RETRY_SECONDS = (0.5, 1, 2, 4, 8)
 # What a refusal of the target at delivery time is recorded as.
 _REFUSALS = {"internal_url": "internal_url", "lookup_timeout": "timeout"}
 
@@ -67,6 +75,9 @@ class Dispatcher:
         self._slots_lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
         self._scheduler: BackgroundScheduler | None = None
+        self._stopping = threading.Event()
+        self._scan_backoff = 0.0
+        self._next_scan_at = 0.0  # time.monotonic(); later while the database fails
 
     # --- lifecycle -----------------------------------------------------------------------------
 
@@ -86,7 +97,9 @@ class Dispatcher:
                  self.concurrency, self.poll_interval)
 
     def stop(self) -> None:
-        """Stop polling and wait for attempts in flight (each ends within the timeout)."""
+        """Stop polling and wait for attempts in flight (each ends within the timeout). From the
+        first moment nothing more is claimed: a finishing attempt does not refill its slot."""
+        self._stopping.set()
         scheduler, pool = self._scheduler, self._pool
         self._scheduler = None
         if scheduler:
@@ -111,6 +124,8 @@ class Dispatcher:
 
     def scan(self) -> int:
         """Claim due deliveries into the free slots and start them; returns how many started."""
+        if self._stopping.is_set() or time.monotonic() < self._next_scan_at:
+            return 0
         reserved, failing = self._reserve_slots()
         if not reserved:
             return 0
@@ -118,11 +133,40 @@ class Dispatcher:
         try:
             with db.connection_context():
                 claims = claim_due(self._now_ms(), reserved, self.lease_ms, failing_limit=failing)
+        except Exception as error:  # noqa: BLE001 - unavailability backs off, the rest re-raised
+            if not is_unavailable(error):
+                raise
+            self._back_off(error)
+        else:
+            self._scan_backoff = 0.0
+            database_outage.recovered()
         finally:
             self._release_slots(reserved - len(claims), failing - sum(c.failing for c in claims))
-        for claim in claims:
-            self._pool.submit(self._run_in_slot, claim)
+        return self._start(claims)
+
+    def _back_off(self, error: Exception) -> None:
+        """The database cannot answer or write (down, disk full, locked): scan less often, log once."""
+        database_outage.failed(error)
+        discard_idle_connections()
+        self._scan_backoff = min(MAX_SCAN_BACKOFF_SECONDS, self._scan_backoff * 2 or SCAN_BACKOFF_SECONDS)
+        self._next_scan_at = time.monotonic() + self._scan_backoff
+
+    def _start(self, claims: list[Claim]) -> int:
+        """Submit each claim to the pool; give back what a stopping pool no longer takes."""
+        for started, claim in enumerate(claims):
+            try:
+                self._pool.submit(self._run_in_slot, claim)
+            except RuntimeError:  # the pool was shut down between the claim and now
+                self._abandon(claims[started:])
+                return started
         return len(claims)
+
+    def _abandon(self, claims: list[Claim]) -> None:
+        self._release_slots(len(claims), sum(c.failing for c in claims))
+        with db.connection_context():
+            released = release(claims, self._now_ms())
+        log.warning("delivery scanner stopping: gave back %d claimed deliveries (due now, for the "
+                    "next process): %s", released, " ".join(c.event_id for c in claims))
 
     def run_due(self) -> int:
         """Claim and attempt every due delivery in this thread, one at a time; for tests and tools."""
@@ -143,7 +187,7 @@ class Dispatcher:
             log.exception("delivery attempt crashed: event=%s", claim.event_id)
         finally:
             self._release_slots(1, int(claim.failing))
-        if self._free_slots >= self.refill_at:
+        if self._free_slots >= self.refill_at and not self._stopping.is_set():
             self.scan()
 
     def _reserve_slots(self) -> tuple[int, int]:
@@ -166,11 +210,32 @@ class Dispatcher:
         attempted_at = self._now_ms()
         result = self._send(claim)
         finished_at = self._now_ms()
-        with db.connection_context():
-            recorded = record_attempt(claim, result, attempted_at, finished_at, self.policy,
-                                      jitter=self.random.uniform(0, MAX_JITTER))
+        jitter = self.random.uniform(0, MAX_JITTER)
+        recorded = self._record(claim, result, attempted_at, finished_at, jitter)
         _log_attempt(claim, result, recorded, finished_at)
         return recorded
+
+    def _record(self, claim: Claim, result: transport.AttemptResult, attempted_at: int,
+                finished_at: int, jitter: float) -> Recorded:
+        """Write the outcome; when that fails, write it again with backoff while the lease lasts
+        (an outage, a full disk), without its response excerpt if the text itself was refused,
+        rather than letting the lease expire and the attempt be made again."""
+        deadline = time.monotonic() + self.lease_ms / 1000 - LEASE_MARGIN_SECONDS / 2
+        pauses = iter(RECORD_RETRY_SECONDS)
+        while True:
+            try:
+                with db.connection_context():
+                    return record_attempt(claim, result, attempted_at, finished_at, self.policy, jitter)
+            except Exception as error:  # noqa: BLE001 - logged, then retried or re-raised
+                pause = next(pauses, None)
+                if pause is None or time.monotonic() + pause > deadline:
+                    raise
+                log.error("delivery event=%s attempt=%d: outcome not recorded (%s), again in %s s",
+                          claim.event_id, claim.attempt, describe(error), pause)
+                if not is_unavailable(error):
+                    result = dataclasses.replace(result, response_excerpt="")
+                if self._stopping.wait(pause) and is_unavailable(error):
+                    raise
 
     def _send(self, claim: Claim) -> transport.AttemptResult:
         """Vet the target again (DNS may have changed) and POST the signed body to a vetted address,

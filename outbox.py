@@ -190,6 +190,17 @@ def record_attempt(claim: Claim, result: AttemptResult, attempted_at: int, finis
     return Recorded(True, next_at, next_at is None, decision.auto_disable)
 
 
+def release(claims: list[Claim], now_ms: int) -> int:
+    """Give back claims that will not be attempted (the process is stopping): pending and due now,
+    the attempt not counted, so another process (or this one restarted) takes them at once."""
+    released = 0
+    with write_transaction():
+        for claim in claims:
+            released += run_sql(_RELEASE, (Delivery.PENDING, now_ms, claim.lease_token, claim.event_id),
+                                ids=1).rowcount
+    return released
+
+
 def failures_page(subscription: Subscription, position: list | None, limit: int):
     """A page of the subscription's failure records, newest first, and the next position."""
     query = Failure.select(Failure, Event.kind).join(Event).where(Failure.subscription == subscription)

@@ -2,6 +2,7 @@
 
 import secrets
 
+import outside_text
 import ssrf
 from errors import ApiError, ValidationError, field_error
 from models import Organization, Subscription, is_sqlite, new_id, select_rows, write_transaction
@@ -25,7 +26,14 @@ def subscription_fields(resolve: ssrf.Resolver, allowed_networks) -> tuple[Field
     """The fields of a subscription definition; the URL is vetted with `resolve`."""
     return (Field("url", required=True, max_length=ssrf.MAX_URL_LENGTH,
                   check=target_check(resolve, allowed_networks)),
-            Field("description", max_length=MAX_DESCRIPTION_LENGTH))
+            Field("description", max_length=MAX_DESCRIPTION_LENGTH, check=no_controls))
+
+
+def no_controls(text: str) -> tuple[str, str] | None:
+    """Refuse NUL and other control characters (PostgreSQL cannot store NUL; none belongs in a label)."""
+    if outside_text.has_controls(text):
+        return "invalid_type", "This field must be text without control characters (tab and newline allowed)."
+    return None
 
 
 def target_check(resolve: ssrf.Resolver, allowed_networks) -> Check:

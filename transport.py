@@ -22,10 +22,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import outside_text
 from connections import IdleConnections, PartnerConnection, client_tls_context, dial
 
 MAX_RESPONSE_BYTES = 65536
-EXCERPT_BYTES = 1024
+EXCERPT_BYTES = outside_text.EXCERPT_BYTES
 
 _NETWORK_ERRORS = (OSError, http.client.HTTPException)
 # What a partner closing an idle connection looks like to the next request sent on it.
@@ -57,7 +58,7 @@ class AttemptResult:
     ok: bool  # True only for a 2xx received completely within the deadline
     http_status: int | None  # None when no status line came
     error: str | None  # None, "http_status", "timeout", "connection_error", "tls_error" or "redirect"
-    response_excerpt: str  # first EXCERPT_BYTES of the body, UTF-8 with replacement
+    response_excerpt: str  # the body's start, at most EXCERPT_BYTES once encoded (outside_text.excerpt)
     duration_ms: int
 
 
@@ -125,7 +126,7 @@ class Transport:
             ok=error is None,
             http_status=reply.status,
             error=error,
-            response_excerpt=bytes(reply.body[:EXCERPT_BYTES]).decode("utf-8", errors="replace"),
+            response_excerpt=outside_text.excerpt(reply.body, EXCERPT_BYTES),
             duration_ms=deadline.elapsed_ms(),
         )
 

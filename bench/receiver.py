@@ -6,7 +6,7 @@ once per event-loop turn, so the bench learns of each arrival within a milliseco
 polling. CLOCK_MONOTONIC is system-wide on Linux: the bench compares it with its own clock.
 
 Paths: `/hang/...` accepts the request and never answers (the sender's deadline ends it);
-anything else gets `200 ok`. The first stdout line is `PORT <n>`. With `--tls CERT KEY` (PEM
+`/fail/...` gets a 500 with a binary body; anything else gets `200 ok`. The first stdout line is `PORT <n>`. With `--tls CERT KEY` (PEM
 files) it serves HTTPS instead.
 """
 
@@ -20,6 +20,9 @@ import time
 OK_KEEP_ALIVE = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 2\r\n\r\nok"
 OK_CLOSE = (b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 2\r\n"
             b"Connection: close\r\n\r\nok")
+# `/fail/...`: a binary error page (NUL, invalid UTF-8), as broken endpoints send.
+FAIL_CLOSE = (b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 2048\r\nConnection: close\r\n\r\n"
+              + b"\x00\xff" * 1024)
 HANG_SECONDS = 300  # a hung connection is dropped after this, whatever the sender does
 MAX_HEAD = 65536
 
@@ -79,6 +82,10 @@ class Hook(asyncio.Protocol):
             if path.startswith("/hang"):
                 self.hung = True
                 asyncio.get_running_loop().call_later(HANG_SECONDS, self.transport.close)
+                return
+            if path.startswith("/fail"):
+                self.transport.write(FAIL_CLOSE)
+                self.transport.close()
                 return
             if version == "HTTP/1.1" and headers.get("connection", "").lower() != "close":
                 self.transport.write(OK_KEEP_ALIVE)

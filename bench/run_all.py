@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 from harness import BENCH_DIR, QUICK, RESULTS_DIR, fmt, machine, table, wait_or_kill
 
 BENCHES = ["api_overhead", "ping_latency", "delivery_throughput", "isolation", "dns_isolation", "state_scale",
-           "memory"]
+           "memory", "soak"]
 TIME_LIMIT = 60 if QUICK else 600  # seconds per bench
 
 

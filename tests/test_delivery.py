@@ -10,7 +10,7 @@ import signing
 from outbox import claim_due
 from models import Subscription, db
 from tests.receivers import Receiver, drip, hang
-from tests.support import WEBHOOKS, json_of
+from tests.support import WEBHOOKS, field_codes, json_of
 
 DAY = 86400
 
@@ -417,3 +417,61 @@ def test_one_slow_target_does_not_delay_the_others(dispatcher, subscribe, ping, 
     finally:
         slow.stop()
         fast.stop()
+
+
+def answer_500_with(body: bytes):
+    """A step answering 500 with `body` as it is (a binary or gzip error page)."""
+    def step(handler):
+        handler.send_response(500)
+        handler.send_header("Content-Length", str(len(body)))
+        handler.end_headers()
+        handler.wfile.write(body)
+    return step
+
+
+POISON = b"\x00error\x00\xff\xfe\x1b[31m\x80" * 600  # NUL, invalid UTF-8, an escape: 7,800 bytes
+
+
+@pytest.mark.both_databases
+def test_a_response_with_nul_and_invalid_utf8_is_recorded_seven_times_then_dead_lettered(
+        dispatcher, receiver, subscribe, ping, clock, failures, listed):
+    receiver.script = [answer_500_with(POISON)]
+    subscription = subscribe(receiver.url)
+    ping(subscription)
+    run_for(dispatcher, clock, 3 * DAY)
+    assert len(receiver.received) == 7
+    records = failures(subscription, limit=100)["data"][::-1]
+    assert [f["attempt"] for f in records] == [1, 2, 3, 4, 5, 6, 7]
+    for record in records:
+        excerpt = record["response_excerpt"]
+        assert len(excerpt.encode()) <= 1024
+        assert "\x00" not in excerpt and "\x1b" not in excerpt
+        assert excerpt.startswith("\ufffderror\ufffd\ufffd\ufffd\ufffd[31m\ufffd")
+    for earlier, later in zip(records, records[1:]):  # each attempt when its predecessor said
+        assert later["attempted_at"] >= earlier["next_attempt_at"]
+    assert records[-1]["next_attempt_at"] is None
+    assert listed(subscription)["consecutive_failures"] == 7
+    clock.advance(7 * DAY)
+    assert dispatcher.run_due() == 0  # dead-lettered: never sent again
+
+
+@pytest.mark.both_databases
+@pytest.mark.parametrize("description", ["a\u0000b", "bell\u0007", "cr\r", "\u001b[2J"])
+def test_a_description_with_control_characters_is_a_422_and_nothing_is_stored(client, auth, description):
+    response = client.post(WEBHOOKS, json={"url": "https://hooks.partner.example/h",
+                                           "description": description}, headers=auth)
+    assert field_codes(response) == [("description", "invalid_type")]
+    assert json_of(client.get(WEBHOOKS, headers=auth), 200)["data"] == []
+
+
+@pytest.mark.both_databases
+def test_a_url_with_nul_is_a_422(client, auth):
+    response = client.post(WEBHOOKS, json={"url": "https://hooks.partner.example/a\u0000b"}, headers=auth)
+    assert field_codes(response) == [("url", "invalid_url")]
+
+
+@pytest.mark.both_databases
+def test_tabs_and_newlines_stay_in_a_description(client, auth):
+    created = json_of(client.post(WEBHOOKS, json={"url": "https://hooks.partner.example/h",
+                                                   "description": "line 1\n\tline 2"}, headers=auth), 201)
+    assert created["description"] == "line 1\n\tline 2"

@@ -108,3 +108,13 @@ def test_a_bug_in_sql_is_still_a_500_not_a_503(app):
 
     response = app.test_client().get("/bad-sql")
     assert (response.status_code, response.get_json()["code"]) == (500, "internal_error")
+
+
+def test_can_write_says_whether_a_write_commits_now(app, clock, locked_from_outside):
+    started = time.monotonic()
+    assert models.can_write(int(clock() * 1000)) is False  # past SQLite's busy timeout
+    assert time.monotonic() - started < 10
+
+
+def test_can_write_is_true_on_a_healthy_database(app, clock):
+    assert models.can_write(int(clock() * 1000)) is True

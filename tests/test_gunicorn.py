@@ -4,6 +4,7 @@ import json
 import os
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -13,6 +14,7 @@ import pytest
 import requests
 
 from keys import parse_key
+from tests.receivers import Receiver
 from tests.support import ME, bearer, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -159,3 +161,55 @@ def test_a_doubled_slash_is_a_404_problem_not_a_redirect(gunicorn, smoke_key, se
         "Connection: close\r\n\r\n").encode())
     assert (status, headers["content-type"]) == (404, "application/problem+json"), body
     assert json.loads(body)["code"] == "not_found"
+
+
+def slow_ok(handler):
+    """A healthy receiver that takes 1 s: attempts are in flight when SIGTERM comes."""
+    time.sleep(1)
+    handler.send_response(200)
+    handler.send_header("Content-Length", "0")
+    handler.end_headers()
+
+
+def test_sigterm_with_attempts_in_flight_strands_nothing_and_a_restart_delivers_the_rest_once(
+        server_env, smoke_key, session, tmp_path):
+    server_env["PARTNER_WEBHOOK_ALLOWED_NETWORKS"] = '["127.0.0.0/8"]'
+    server_env["PARTNER_DELIVERY_CONCURRENCY"] = "4"
+    receiver = Receiver(script=[slow_ok]).start()
+    first = Gunicorn(server_env, tmp_path)
+    second = None
+    try:
+        first.wait_until_serving(session)
+        api = first.base_url + "/api/v1/partner/webhooks"
+        auth = bearer(smoke_key)
+        events = set()
+        for n in range(4):
+            subscription = session.post(api, json={"url": f"{receiver.url}/{n}"}, headers=auth, timeout=5).json()
+            for _ in range(3):
+                events.add(session.post(f"{api}/{subscription['id']}/test", headers=auth, timeout=5,
+                                        json={"secret": subscription["secret"]}).json()["id"])
+        assert receiver.wait_for(1)
+        assert first.stop() == 0  # SIGTERM while attempts are in flight
+        assert in_flight(tmp_path) == 0
+        sent_before_restart = len(receiver.received)
+        assert sent_before_restart < len(events)
+
+        (tmp_path / "again").mkdir()
+        second = Gunicorn(server_env, tmp_path / "again")
+        second.wait_until_serving(session)
+        assert receiver.wait_for(len(events), seconds=20)
+        time.sleep(1.5)  # nothing more arrives
+        ids = [request.headers["X-VC-Event-Id"] for request in receiver.received]
+        assert sorted(ids) == sorted(events)  # each exactly once
+        assert "Traceback" not in first.output()[1]
+    finally:
+        for server in (first, second):
+            if server and server.process.poll() is None:
+                server.process.kill()
+                server.process.wait(timeout=STOP_SECONDS)
+        receiver.stop()
+
+
+def in_flight(tmp_path) -> int:
+    with sqlite3.connect(tmp_path / "smoke.sqlite3") as database:
+        return database.execute("SELECT count(*) FROM delivery WHERE state = 'in_flight'").fetchone()[0]

@@ -4,11 +4,14 @@ nothing is changed, and once the server is back the same process serves again.
 The server is this test's own (`own_postgres_server`): the session's is shared by every PostgreSQL test.
 """
 
+import logging
 import time
 
 import pytest
 
-from tests.support import ME, WEBHOOKS
+from models import Delivery, db
+from tests.receivers import Receiver
+from tests.support import ME, WEBHOOKS, json_of
 from tests.test_faults import NEW, assert_unavailable
 
 
@@ -48,3 +51,50 @@ def test_postgresql_stopped_is_503_everywhere_and_the_same_process_serves_after_
     listed = client.get(WEBHOOKS, headers=auth).get_json()["data"]
     assert [row["id"] for row in listed] == [subscription["id"]]  # nothing was changed meanwhile
     assert client.get(f"{WEBHOOKS}/{subscription['id']}/failures", headers=auth).get_json()["data"] == []
+
+
+def answer_slowly(handler):
+    """200 after 0.3 s: attempts are still in flight when the database goes away."""
+    time.sleep(0.3)
+    handler.send_response(200)
+    handler.send_header("Content-Length", "0")
+    handler.end_headers()
+
+
+@pytest.mark.config(SCHEDULER_ENABLED=True, DELIVERY_POLL_INTERVAL=0.05,
+                    WEBHOOK_ALLOWED_NETWORKS=["127.0.0.0/8"])
+def test_through_an_outage_the_scanner_backs_off_logs_once_and_every_acknowledged_event_is_delivered(
+        own_postgres_server, app, client, auth, caplog):
+    receiver = Receiver(script=[answer_slowly]).start()
+    dispatcher = app.extensions["delivery"]
+    try:
+        subscription = json_of(client.post(WEBHOOKS, json={"url": receiver.url}, headers=auth), 201)
+        dispatcher.start()
+        acknowledged = {json_of(client.post(f"{WEBHOOKS}/{subscription['id']}/test",
+                                            json={"secret": subscription["secret"]}, headers=auth), 202)["id"]
+                        for _ in range(3)}
+        own_postgres_server.pause()
+        time.sleep(3)  # 60 polls
+        own_postgres_server.resume()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not acknowledged <= arrived(receiver):
+            time.sleep(0.1)
+        assert acknowledged <= arrived(receiver)
+        while time.monotonic() < deadline and open_deliveries():
+            time.sleep(0.1)
+        assert open_deliveries() == 0  # every outcome was recorded, none left in flight
+    finally:
+        dispatcher.stop()
+        receiver.stop()
+    scans = [r for r in caplog.records if r.name in ("models", "apscheduler.executors.default")
+             and r.levelno >= logging.ERROR]
+    assert 1 <= len(scans) <= 3, [r.getMessage() for r in scans]  # once per distinct failure, not per poll
+
+
+def arrived(receiver) -> set[str]:
+    return {request.headers["X-VC-Event-Id"] for request in receiver.received}
+
+
+def open_deliveries() -> int:
+    with db.connection_context():
+        return Delivery.select().where(Delivery.state.in_([Delivery.PENDING, Delivery.IN_FLIGHT])).count()

@@ -263,12 +263,12 @@ def test_redirect_is_reported_and_never_followed(serve):
     assert elsewhere.received == []
 
 
-def test_excerpt_is_the_first_1024_bytes_with_invalid_utf8_replaced(receiver):
+def test_excerpt_is_at_most_1024_bytes_once_encoded_with_invalid_utf8_replaced(receiver):
     receiver.reply = (400, {}, b"\xff" + b"a" * 5000)
 
     result = post(target(receiver.port))
 
-    assert result.response_excerpt == "\ufffd" + "a" * (EXCERPT_BYTES - 1)
+    assert result.response_excerpt == "\ufffd" + "a" * (EXCERPT_BYTES - 3)  # U+FFFD is three bytes
 
 
 def test_duration_comes_from_the_injected_clock(receiver):
