@@ -67,7 +67,8 @@ def create_subscription(org: Organization, url: str, description: str | None,
 
 def find_subscription(org: Organization, subscription_id: str) -> Subscription:
     """The organization's subscription, or 404: another organization's is indistinguishable from none."""
-    subscription = Subscription.get_or_none(
+    # An id with a control character was never issued, and PostgreSQL refuses NUL in a query.
+    subscription = None if outside_text.has_controls(subscription_id) else Subscription.get_or_none(
         (Subscription.id == subscription_id) & (Subscription.organization == org))
     if subscription is None:
         raise ApiError(404, "not_found", "No such subscription.")
