@@ -14,7 +14,7 @@ from tests.support import PUBLIC_IP, FakeClock, StubResolver, bearer
 ALLOWED_LOOPBACK = ["127.0.0.0/8"]
 
 # Throwaway Redis and PostgreSQL servers (fixtures redis_server, redis_url, postgres_server, postgres_url).
-pytest_plugins = ["tests.servers"]
+pytest_plugins = ["tests.servers", "tests.gunicorn_server"]
 
 
 @pytest.fixture

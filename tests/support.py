@@ -10,6 +10,7 @@ API = "/api/v1/partner"
 ME = f"{API}/me"
 WEBHOOKS = f"{API}/webhooks"
 PUBLIC_IP = "93.184.215.14"  # answers for names the tests pretend are public; never connected to
+PUBLIC_URL = "https://hooks.partner.example/h"  # resolves to PUBLIC_IP through the resolver fixture
 
 
 def bearer(key: str) -> dict:
@@ -25,6 +26,12 @@ def assert_problem(response, status: int, code: str) -> dict:
     assert (body["status"], body["code"], body["type"]) == (status, code, "about:blank")
     assert body["title"] and body["detail"]
     return body
+
+
+def assert_unavailable(response) -> None:
+    """Assert the 503 a client gets while the database cannot answer: problem+json, Retry-After."""
+    assert_problem(response, 503, "service_unavailable")
+    assert 1 <= int(response.headers["Retry-After"]) <= 60
 
 
 def json_of(response, status: int):

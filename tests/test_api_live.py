@@ -15,7 +15,7 @@ import requests
 
 import apidocs
 from tests.servers import free_port
-from tests.test_gunicorn import BIN, ROOT, Gunicorn
+from tests.gunicorn_server import BIN, ROOT, Gunicorn
 
 SCREENSHOT = ROOT / "docs" / "api-docs.png"
 CHROMIUM_SECONDS = 90

@@ -5,10 +5,8 @@ import pytest
 from auth import bearer_key
 from keys import parse_key
 from models import Event, db
-from tests.support import ME, WEBHOOKS, assert_problem, bearer, json_of
+from tests.support import ME, PUBLIC_URL, WEBHOOKS, assert_problem, bearer, json_of
 
-
-PUBLIC_URL = "https://hooks.partner.example/h"  # resolves to a public address through the stub resolver
 
 
 def assert_unauthorized(response):

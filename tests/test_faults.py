@@ -9,14 +9,9 @@ import pytest
 
 import models
 from models import db, is_unavailable
-from tests.support import ME, WEBHOOKS, assert_problem
+from tests.support import ME, PUBLIC_URL, WEBHOOKS, assert_unavailable
 
-NEW = {"url": "https://hooks.partner.example/h"}
-
-
-def assert_unavailable(response):
-    assert_problem(response, 503, "service_unavailable")
-    assert 1 <= int(response.headers["Retry-After"]) <= 60
+NEW = {"url": PUBLIC_URL}
 
 
 def timed(request):

@@ -1,101 +1,16 @@
 """One real gunicorn, as `make run` starts it: serves the API, keeps secrets out of its log, stops cleanly."""
 
 import json
-import os
-import signal
 import socket
 import sqlite3
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
-import requests
 
 from keys import parse_key
+from tests.gunicorn_server import STOP_SECONDS, Gunicorn
 from tests.receivers import Receiver
-from tests.support import ME, bearer, free_port
-
-ROOT = Path(__file__).resolve().parent.parent
-BIN = Path(sys.executable).parent  # the virtualenv the suite runs in: gunicorn and flask live beside python
-BOOT_SECONDS = 10
-STOP_SECONDS = 5
-
-# None leaves PARTNER_SCHEDULER_ENABLED unset (enabled): post_worker_init starts the delivery
-# scanner in the worker, as in production. Set "false" to boot without it.
-SCHEDULER_ENABLED = None
-
-
-@pytest.fixture
-def server_env(tmp_path):
-    """The environment of `make run`: ours, minus anything that would configure the app or gunicorn."""
-    env = {name: value for name, value in os.environ.items()
-           if not name.startswith(("PARTNER_", "GUNICORN_", "FLASK_"))}
-    env.update(PORT=str(free_port()), PYTHONUNBUFFERED="1",
-               PARTNER_DATABASE_URL=f"sqlite:///{tmp_path}/smoke.sqlite3")
-    if SCHEDULER_ENABLED is not None:
-        env["PARTNER_SCHEDULER_ENABLED"] = SCHEDULER_ENABLED
-    return env
-
-
-@pytest.fixture
-def smoke_key(server_env):
-    result = subprocess.run([BIN / "flask", "keys", "create", "--org", "smoke", "--scope", "webhooks:manage"],
-                            cwd=ROOT, env=server_env, capture_output=True, text=True, timeout=30)
-    assert result.returncode == 0, result.stderr
-    return result.stdout.strip().splitlines()[-1]
-
-
-class Gunicorn:
-    def __init__(self, env, log_dir: Path, app_module: str = "wsgi:app"):
-        self.port = int(env["PORT"])
-        self.base_url = f"http://127.0.0.1:{self.port}"
-        self.out_path, self.err_path = log_dir / "gunicorn.out", log_dir / "gunicorn.err"
-        with open(self.out_path, "wb") as out, open(self.err_path, "wb") as err:
-            # No control socket: it would live in $HOME and be shared with any other gunicorn.
-            self.process = subprocess.Popen([BIN / "gunicorn", "--no-control-socket", app_module],
-                                            cwd=ROOT, env=env, stdout=out, stderr=err)
-
-    def output(self) -> tuple[str, str]:
-        return self.out_path.read_text(), self.err_path.read_text()
-
-    def wait_until_serving(self, session: requests.Session) -> None:
-        """Poll until the worker answers HTTP; fail with gunicorn's own output if it dies or hangs."""
-        deadline = time.monotonic() + BOOT_SECONDS
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                pytest.fail(f"gunicorn exited with {self.process.returncode} before serving:\n"
-                            f"{self.output()[1]}")
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
-                session.get(self.base_url + "/", timeout=2)
-                return
-            except (OSError, requests.ConnectionError, requests.Timeout):
-                time.sleep(0.1)
-        pytest.fail(f"gunicorn did not serve within {BOOT_SECONDS} s:\n{self.output()[1]}")
-
-    def stop(self) -> int:
-        self.process.send_signal(signal.SIGTERM)
-        return self.process.wait(timeout=STOP_SECONDS)
-
-
-@pytest.fixture
-def gunicorn(server_env, smoke_key, tmp_path):
-    server = Gunicorn(server_env, tmp_path)
-    yield server
-    if server.process.poll() is None:
-        server.process.kill()
-        server.process.wait(timeout=STOP_SECONDS)
-
-
-@pytest.fixture
-def session():
-    with requests.Session() as http:
-        http.trust_env = False  # no proxy variables, no .netrc: loopback only
-        # No idle keep-alive connection for a graceful stop to wait out.
-        http.headers["Connection"] = "close"
-        yield http
+from tests.support import ME, bearer
 
 
 def test_gunicorn_serves_logs_no_secret_and_stops_cleanly(gunicorn, smoke_key, session):

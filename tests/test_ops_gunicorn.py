@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.receivers import Receiver
 from tests.support import WEBHOOKS
-from tests.test_gunicorn import Gunicorn, server_env, session, smoke_key  # noqa: F401 (fixtures)
+from tests.gunicorn_server import Gunicorn
 
 REQUESTS = 120
 

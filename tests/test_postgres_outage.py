@@ -11,8 +11,7 @@ import pytest
 
 from models import Delivery, db
 from tests.receivers import Receiver
-from tests.support import ME, WEBHOOKS, json_of
-from tests.test_faults import NEW, assert_unavailable
+from tests.support import ME, PUBLIC_URL, WEBHOOKS, assert_unavailable, json_of
 
 
 @pytest.fixture
@@ -25,7 +24,7 @@ def every_endpoint(client, auth, subscription):
     return {
         "GET /me": lambda: client.get(ME, headers=auth),
         "GET /webhooks": lambda: client.get(WEBHOOKS, headers=auth),
-        "POST /webhooks": lambda: client.post(WEBHOOKS, json=NEW, headers=auth),
+        "POST /webhooks": lambda: client.post(WEBHOOKS, json={"url": PUBLIC_URL}, headers=auth),
         "DELETE /webhooks/{id}": lambda: client.delete(f"{WEBHOOKS}/{sid}", headers=auth),
         "POST /webhooks/{id}/test": lambda: client.post(f"{WEBHOOKS}/{sid}/test",
                                                         json={"secret": subscription["secret"]},
@@ -36,7 +35,7 @@ def every_endpoint(client, auth, subscription):
 
 def test_postgresql_stopped_is_503_everywhere_and_the_same_process_serves_after_restart(
         own_postgres_server, client, auth):
-    subscription = client.post(WEBHOOKS, json=NEW, headers=auth).get_json()
+    subscription = client.post(WEBHOOKS, json={"url": PUBLIC_URL}, headers=auth).get_json()
     endpoints = every_endpoint(client, auth, subscription)
     assert client.get(ME, headers=auth).status_code == 200  # pooled connections now exist
 
