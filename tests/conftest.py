@@ -1,6 +1,7 @@
 """Fixtures: the real app on a temporary SQLite file, with the clock and the resolver injected."""
 
 import ssl
+import threading
 
 import pytest
 import trustme
@@ -9,6 +10,7 @@ from app import create_app
 from keys import create_key
 from models import db
 from tests.contract import ContractClient
+from tests.receivers import RawServer
 from tests.support import PUBLIC_IP, FakeClock, StubResolver, bearer
 
 ALLOWED_LOOPBACK = ["127.0.0.0/8"]
@@ -116,3 +118,24 @@ def server_tls(tls_ca) -> ssl.SSLContext:
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     tls_ca.issue_cert(*TLS_HOSTS).configure_cert(context)
     return context
+
+
+@pytest.fixture
+def serve_raw():
+    """Start RawServers (tests/receivers.py): serve_raw(behave, tls=None); all stop at teardown."""
+    servers: list[tuple[RawServer, threading.Thread]] = []
+
+    def start(behave, tls: ssl.SSLContext | None = None) -> RawServer:
+        server = RawServer(behave)
+        if tls is not None:  # handshake on the handler's first recv
+            server.listener = tls.wrap_socket(server.listener, server_side=True, do_handshake_on_connect=False)
+        thread = threading.Thread(target=server.serve, daemon=True)
+        thread.start()
+        servers.append((server, thread))
+        return server
+
+    yield start
+    for server, thread in servers:
+        server.stopped.set()
+        thread.join(timeout=2)
+        server.listener.close()

@@ -1,8 +1,14 @@
-"""Real HTTP receivers on loopback for delivery tests: they record what arrives and answer as told."""
+"""Real receivers on loopback for delivery tests: HTTP ones that record what arrives and answer as
+told, and raw-socket ones (RawServer) that misbehave below HTTP."""
 
+from __future__ import annotations
+
+import re
+import socket
 import ssl
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -102,3 +108,63 @@ def drip(seconds: float, interval: float = 0.1):
         except OSError:
             pass
     return step
+
+
+@dataclass
+class RawServer:
+    """Accepts on loopback and hands each connection to `behave(conn, server)` in a thread: for
+    partners that break HTTP itself. The serve_raw fixture (conftest.py) starts and stops them."""
+
+    behave: Callable[[socket.socket, RawServer], None]
+    listener: socket.socket = field(default_factory=lambda: socket.create_server(("127.0.0.1", 0)))
+    stopped: threading.Event = field(default_factory=threading.Event)
+    accepted: int = 0
+    notes: list = field(default_factory=list)
+
+    @property
+    def port(self) -> int:
+        return self.listener.getsockname()[1]
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/hook"
+
+    def serve(self) -> None:
+        self.listener.settimeout(0.02)
+        while not self.stopped.is_set():
+            try:
+                conn, _ = self.listener.accept()
+            except TimeoutError:
+                continue
+            self.accepted += 1
+            threading.Thread(target=self.handle, args=(conn,), daemon=True).start()
+
+    def handle(self, conn: socket.socket) -> None:
+        with conn:
+            try:
+                self.behave(conn, self)
+            except OSError as error:  # the client hung up: what several tests wait for
+                self.notes.append(error)
+
+
+def drip_bytes(conn: socket.socket, server: RawServer, data: bytes, every: float = 0.2) -> None:
+    """Send `data` one byte every `every` seconds, until it ends or the server stops."""
+    for byte in data:
+        if server.stopped.wait(every):
+            return
+        conn.sendall(bytes([byte]))
+
+
+def read_request(conn: socket.socket) -> bytes | None:
+    """One request off a raw connection (its head; the body is read and dropped), None at its end."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = conn.recv(65536)
+        if not chunk:
+            return None
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = int(re.search(rb"(?i)\r\ncontent-length: *([0-9]+)", head)[1])
+    while len(body) < length:
+        body += conn.recv(65536)
+    return head

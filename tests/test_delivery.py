@@ -1,15 +1,19 @@
 """End-to-end delivery: real receivers on 127.0.0.1, the clock stepped, the queue stepped with run_due()."""
 
+import functools
+import gzip
 import json
 import threading
 import time
 
 import pytest
 
+import outside_text
 import signing
 from outbox import claim_due
-from models import Subscription, db
-from tests.receivers import Receiver, drip, hang
+from models import Delivery, Failure, Subscription, db
+from tests.receivers import Receiver, drip, drip_bytes, hang, read_request
+from timestamps import iso
 from tests.support import WEBHOOKS, field_codes, json_of
 
 DAY = 86400
@@ -475,3 +479,90 @@ def test_tabs_and_newlines_stay_in_a_description(client, auth):
     created = json_of(client.post(WEBHOOKS, json={"url": "https://hooks.partner.example/h",
                                                    "description": "line 1\n\tline 2"}, headers=auth), 201)
     assert created["description"] == "line 1\n\tline 2"
+
+
+# --- hostile receivers, end to end: what reaches the database and GET /failures --------------------
+
+def answer(conn, head: bytes, body: bytes = b"") -> None:
+    """Read the request, then send `head` and `body` exactly as given and hang up."""
+    if read_request(conn) is not None:
+        conn.sendall(head + body)
+
+
+@functools.cache
+def gzip_bomb() -> bytes:
+    """10 MB that inflate to 10 GiB of "A": 640 gzip members of 16 MiB each (a valid gzip stream)."""
+    return gzip.compress(b"A" * 2**24, compresslevel=9, mtime=0) * 640
+
+
+def nul_and_invalid_utf8(conn, server):
+    answer(conn, b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: %d\r\n\r\n" % len(POISON), POISON)
+
+
+def gzip_bombed(conn, server):
+    answer(conn, b"HTTP/1.1 500 Internal Server Error\r\nContent-Encoding: gzip\r\n"
+                 b"Content-Length: %d\r\n\r\n" % len(gzip_bomb()), gzip_bomb())
+
+
+def ten_megabytes(conn, server):
+    body = "€".encode() * (10 * 2**20 // 3)  # three bytes each: the 1,024-byte cut falls inside one
+    answer(conn, b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: %d\r\n\r\n" % len(body), body)
+
+
+def dripped_headers(conn, server):
+    if read_request(conn) is not None:
+        drip_bytes(conn, server, b"HTTP/1.1 200 OK\r\n" + b"X-Slow: y\r\n" * 100, every=0.05)
+
+
+def http_09_garbage(conn, server):
+    answer(conn, b"\x00\xff\xfe garbage \x1b]0;pwned\x07 and no status line\r\n\r\n" + b"\x80" * 100)
+
+
+def never_reads(conn, server):
+    server.stopped.wait()
+
+
+POISON_TEXT = "\ufffderror\ufffd\ufffd\ufffd\ufffd[31m\ufffd"  # one POISON unit, as stored: 27 bytes
+HOSTILE = [  # (behaviour, http_status, error, the excerpt stored or a check of it)
+    pytest.param(nul_and_invalid_utf8, 500, "http_status", POISON_TEXT * 37 + POISON_TEXT[:-1], id="nul"),
+    pytest.param(gzip_bombed, 500, "http_status",
+                 lambda excerpt: excerpt == outside_text.excerpt(gzip_bomb()) and "AAAA" not in excerpt,
+                 id="gzip-bomb"),
+    pytest.param(ten_megabytes, 502, "http_status", "€" * 341, id="10-mb-body"),
+    pytest.param(dripped_headers, None, "timeout", "", id="dripped-headers"),
+    pytest.param(http_09_garbage, None, "connection_error", "", id="http-0.9-garbage"),
+    pytest.param(never_reads, None, "timeout", "", id="never-reads"),
+]
+HOSTILE_TIMEOUT = 0.5
+
+
+@pytest.mark.config(SCHEDULER_ENABLED=True, DELIVERY_CONCURRENCY=1, DELIVERY_TIMEOUT=HOSTILE_TIMEOUT,
+                    WEBHOOK_ALLOWED_NETWORKS=["127.0.0.0/8"])
+@pytest.mark.parametrize("behave, http_status, error, excerpt", HOSTILE)
+@pytest.mark.both_databases
+def test_a_hostile_receiver_costs_one_recorded_attempt_and_frees_the_only_slot(
+        app, dispatcher, serve_raw, receiver, subscribe, ping, failures, behave, http_status, error, excerpt):
+    hostile = subscribe(serve_raw(behave).url)
+    healthy = subscribe(receiver.url)
+    dispatcher.start()
+    started = time.monotonic()
+    event_id = json_of(ping(hostile), 202)["id"]
+    while not failures(hostile)["data"] and time.monotonic() - started < HOSTILE_TIMEOUT + 5:
+        time.sleep(0.02)
+    assert time.monotonic() - started < HOSTILE_TIMEOUT + 2  # cut at the deadline (+ a busy machine's lag)
+    json_of(ping(healthy), 202)
+    assert receiver.wait_for(1, seconds=2)  # the one delivery slot is free again: the worker is not stuck
+
+    [record] = failures(hostile)["data"]
+    assert (record["event_id"], record["attempt"], record["http_status"], record["error"]) == \
+        (event_id, 1, http_status, error)
+    stored = record["response_excerpt"]
+    assert len(stored.encode()) <= 1024
+    assert not any(ord(ch) < 0x20 and ch not in "\t\n" for ch in stored)
+    assert excerpt(stored) if callable(excerpt) else stored == excerpt
+    with app.app_context(), db.connection_context():
+        delivery = Delivery.get_by_id(event_id)
+        [failure] = Failure.select().where(Failure.event == event_id)
+    assert (delivery.state, delivery.attempts) == (Delivery.PENDING, 1)  # not in flight: scheduled
+    assert delivery.due_at == failure.next_attempt_at and iso(delivery.due_at) == record["next_attempt_at"]
+    assert 60_000 <= failure.next_attempt_at - failure.attempted_at <= 66_000  # the first delay, +10 % at most

@@ -5,19 +5,19 @@ from __future__ import annotations
 import gc
 import http.server
 import os
-import re
 import socket
 import ssl
 import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import pytest
 
 from ssrf import Target
 from connections import IdleConnections
+from tests.receivers import RawServer, drip_bytes, read_request
 from transport import EXCERPT_BYTES, AttemptResult, Deadline, Transport
 
 HOOK_HOST = "hooks.example.test"  # .test never resolves: a request that arrives used no DNS
@@ -127,86 +127,10 @@ def receiver(serve) -> Receiver:
     return serve()
 
 
-# --- misbehaving servers: raw sockets --------------------------------------------------
-
-
-@dataclass
-class RawServer:
-    """Accepts on loopback and hands each connection to `behave(conn, server)` in a thread."""
-
-    behave: Callable[[socket.socket, RawServer], None]
-    listener: socket.socket = field(default_factory=lambda: socket.create_server(("127.0.0.1", 0)))
-    stopped: threading.Event = field(default_factory=threading.Event)
-    accepted: int = 0
-    notes: list = field(default_factory=list)
-
-    @property
-    def port(self) -> int:
-        return self.listener.getsockname()[1]
-
-    def serve(self) -> None:
-        self.listener.settimeout(0.02)
-        while not self.stopped.is_set():
-            try:
-                conn, _ = self.listener.accept()
-            except TimeoutError:
-                continue
-            self.accepted += 1
-            threading.Thread(target=self.handle, args=(conn,), daemon=True).start()
-
-    def handle(self, conn: socket.socket) -> None:
-        with conn:
-            try:
-                self.behave(conn, self)
-            except OSError as error:  # the client hung up: what several tests wait for
-                self.notes.append(error)
-
-
-@pytest.fixture
-def serve_raw() -> Iterator[Callable[..., RawServer]]:
-    servers: list[RawServer] = []
-
-    def start(behave, tls: ssl.SSLContext | None = None) -> RawServer:
-        server = RawServer(behave)
-        if tls is not None:  # handshake on the handler's first recv
-            server.listener = tls.wrap_socket(
-                server.listener, server_side=True, do_handshake_on_connect=False
-            )
-        thread = threading.Thread(target=server.serve, daemon=True)
-        thread.start()
-        servers.append((server, thread))
-        return server
-
-    yield start
-    for server, thread in servers:
-        server.stopped.set()
-        thread.join(timeout=2)
-        server.listener.close()
-
-
-def drip(conn: socket.socket, server: RawServer, data: bytes, every: float = 0.2) -> None:
-    for byte in data:
-        if server.stopped.wait(every):
-            return
-        conn.sendall(bytes([byte]))
+# --- misbehaving servers: raw sockets (RawServer, the serve_raw fixture) ----------------------
 
 
 OK_KEEP_ALIVE = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
-
-
-def read_request(conn: socket.socket) -> bytes | None:
-    """One request off a raw connection (its head; the body is read and dropped), None at its end."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = conn.recv(65536)
-        if not chunk:
-            return None
-        data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
-    length = int(re.search(rb"(?i)\r\ncontent-length: *([0-9]+)", head)[1])
-    while len(body) < length:
-        body += conn.recv(65536)
-    return head
 
 
 def keep_alive_then(second: Callable[[socket.socket, RawServer], None]):
@@ -324,7 +248,7 @@ def test_a_silent_server_times_out_at_the_deadline(serve_raw):
 
 def test_a_dripped_status_line_times_out_at_the_deadline(serve_raw):
     status_and_endless_headers = b"HTTP/1.1 200 OK\r\n" + b"X-Slow: y\r\n" * 100
-    server = serve_raw(lambda conn, server: drip(conn, server, status_and_endless_headers))
+    server = serve_raw(lambda conn, server: drip_bytes(conn, server, status_and_endless_headers))
 
     result, elapsed = timed_post(target(server.port))
 
@@ -335,7 +259,7 @@ def test_a_dripped_status_line_times_out_at_the_deadline(serve_raw):
 def test_a_dripped_body_times_out_at_the_deadline_keeping_the_status(serve_raw):
     def headers_then_drip(conn, server):
         conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n")
-        drip(conn, server, b"z" * 1000)
+        drip_bytes(conn, server, b"z" * 1000)
 
     server = serve_raw(headers_then_drip)
     result, elapsed = timed_post(target(server.port))
@@ -473,7 +397,7 @@ def test_a_dripped_body_over_tls_times_out_at_the_deadline(serve_raw, server_tls
     def headers_then_drip(conn, server):
         conn.recv(65536)
         conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n")
-        drip(conn, server, b"z" * 1000)
+        drip_bytes(conn, server, b"z" * 1000)
 
     server = serve_raw(headers_then_drip, tls=server_tls)
     result, elapsed = timed_post(target(server.port, host=HOOK_HOST, scheme="https"),
@@ -607,7 +531,7 @@ def test_a_fresh_connection_closed_without_an_answer_is_not_retried(serve_raw):
 def test_the_deadline_cuts_a_dripped_body_on_a_reused_connection(serve_raw, server_tls, tls_transport):
     def headers_then_drip(conn, server):
         conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n")
-        drip(conn, server, b"z" * 1000, every=0.1)
+        drip_bytes(conn, server, b"z" * 1000, every=0.1)
 
     server = serve_raw(keep_alive_then(headers_then_drip), tls=server_tls)
     tgt = target(server.port, host=HOOK_HOST, scheme="https")
