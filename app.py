@@ -15,7 +15,7 @@ from delivery import Dispatcher
 from errors import register_error_handlers
 from keys import IDENTITY_READ, WEBHOOKS_MANAGE
 from lookups import Lookups
-from models import database_outage, db, open_database
+from models import database_name, db, open_database, write_refusal
 from ops import install_ops, ops
 from outbox import TEST_PING, failures_page, trigger_test_ping
 from pagination import cursor_key, encode_cursor, read_page_args
@@ -44,6 +44,7 @@ def create_app(overrides: dict | None = None) -> Flask:
         log.warning("webhook targets in %s are exempt from the internal-address block",
                     ", ".join(map(str, app.config["ALLOWED_NETWORKS"])))
     app.extensions["database"] = open_database(app.config["DATABASE_URL"])
+    _say_if_the_database_cannot_write(app)
     with db.connection_context():
         app.extensions["cursor_key"] = cursor_key()
     app.extensions["rate_limits"] = RateLimits(app)
@@ -54,7 +55,6 @@ def create_app(overrides: dict | None = None) -> Flask:
     install_request_ids(app)
     app.before_request(_refuse_doubled_slashes)
     app.before_request(_open_connection)
-    app.after_request(_note_database_answered)
     app.teardown_request(_close_connection)
     register_error_handlers(app)
     app.register_blueprint(api)
@@ -64,6 +64,15 @@ def create_app(overrides: dict | None = None) -> Flask:
     for group in OPERATOR_COMMANDS:
         app.cli.add_command(group)
     return app
+
+
+def _say_if_the_database_cannot_write(app: Flask) -> None:
+    # The process still starts: reads, /healthz and /readyz (not ready) must answer, and writes
+    # succeed again by themselves once the database takes them.
+    refusal = write_refusal()
+    if refusal:
+        log.error("database %s cannot take a write now (%s): API writes answer 503 and /readyz reports "
+                  "not ready until it can", database_name(app.config["DATABASE_URL"]), refusal)
 
 
 def _refuse_doubled_slashes() -> None:
@@ -76,13 +85,6 @@ def _refuse_doubled_slashes() -> None:
 def _open_connection() -> None:
     if request.blueprint != ops.name:  # the ops endpoints reach the database on their own terms
         db.connect(reuse_if_open=True)
-
-
-def _note_database_answered(response):
-    # Every API route reads the database (the key lookup at least): one that answered ends an outage.
-    if request.blueprint == api.name and response.status_code < 500:
-        database_outage.recovered()
-    return response
 
 
 def _close_connection(_error=None) -> None:

@@ -8,12 +8,13 @@ lease expired (their attempt died). An attempt in flight under a live lease is n
 import logging
 import math
 import sqlite3
+from contextlib import closing
 from dataclasses import dataclass
 
 import psycopg2
 from peewee import SqliteDatabase
 
-from models import OPEN_CONDITION, db
+from models import OPEN_CONDITION, WRITE_PROBE, database_outage, db, probe_value
 
 log = logging.getLogger(__name__)
 
@@ -23,7 +24,7 @@ _DUE = f"SELECT COUNT(*), MIN(due_at) FROM delivery WHERE {OPEN_CONDITION} AND d
 
 
 class DatabaseUnavailable(Exception):
-    """The database did not answer within the bound; the message says what failed."""
+    """The database did not answer within the bound, or refused a write; the message says which."""
 
 
 @dataclass(frozen=True)
@@ -37,47 +38,38 @@ class Backlog:
 
 def read_backlog(now_ms: int, timeout: float, check_write: bool = False) -> Backlog:
     """Count due deliveries within `timeout` seconds; with `check_write`, also prove that a write
-    could start now (on SQLite: the write lock is obtainable). Raises DatabaseUnavailable."""
-    database = db.obj
+    commits now (models.WRITE_PROBE: a full disk lets a transaction begin and fails its commit).
+    Raises DatabaseUnavailable."""
+    failed = f"did not answer within {timeout:g} s"
     try:
-        if isinstance(database, SqliteDatabase):
-            row = _read_sqlite(database.database, now_ms, timeout, check_write)
-        else:
-            row = _read_postgresql(database, now_ms, timeout)
+        connection, p = _connect(db.obj, timeout)
+        with closing(connection):
+            cursor = connection.cursor()
+            cursor.execute(_DUE.format(p=p), (now_ms,))
+            row = cursor.fetchone()
+            if check_write:
+                failed = "cannot take a write"
+                cursor.execute(WRITE_PROBE.format(p=p), (probe_value(),))
+                connection.commit()
+                database_outage.recovered()  # a committed write: the database takes writes again
     except (sqlite3.Error, psycopg2.Error) as error:
         # The driver's message may name the database host: it goes to the log, not to the caller.
         log.warning("database check failed: %s", _first_line(error))
-        raise DatabaseUnavailable(f"the database did not answer within {timeout:g} s "
-                                  f"({type(error).__name__})") from None
+        raise DatabaseUnavailable(f"the database {failed} ({type(error).__name__})") from None
     return Backlog(int(row[0]), None if row[1] is None else int(row[1]))
 
 
-def _read_sqlite(path: str, now_ms: int, timeout: float, check_write: bool) -> tuple:
-    # `timeout` bounds the wait for a lock another connection holds; nothing else here can block.
-    connection = sqlite3.connect(path, timeout=timeout, isolation_level=None)
-    try:
-        if check_write:
-            connection.execute("BEGIN IMMEDIATE")
-        row = connection.execute(_DUE.format(p="?"), (now_ms,)).fetchone()
-        if check_write:
-            connection.execute("ROLLBACK")
-        return row
-    finally:
-        connection.close()
-
-
-def _read_postgresql(database, now_ms: int, timeout: float) -> tuple:
+def _connect(database, timeout: float) -> tuple:
+    """A connection of its own to the app's database, every wait on it bounded by `timeout`, and the
+    driver's placeholder."""
+    if isinstance(database, SqliteDatabase):
+        # `timeout` bounds the wait for a lock another connection holds; nothing else here can block.
+        return sqlite3.connect(database.database, timeout=timeout, isolation_level=None), "?"
     params = dict(database.connect_params)
-    # libpq bounds the whole connection set-up (whole seconds, at least 2); the server bounds the query.
+    # libpq bounds the whole connection set-up (whole seconds, at least 2); the server bounds each statement.
     params["connect_timeout"] = max(2, math.ceil(timeout))
     params["options"] = f"{params.get('options', '')} -c statement_timeout={int(timeout * 1000)}".strip()
-    connection = psycopg2.connect(dbname=database.database, **params)
-    try:
-        with connection.cursor() as cursor:
-            cursor.execute(_DUE.format(p="%s"), (now_ms,))
-            return cursor.fetchone()
-    finally:
-        connection.close()
+    return psycopg2.connect(dbname=database.database, **params), "%s"
 
 
 def _first_line(error: Exception) -> str:

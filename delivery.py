@@ -138,8 +138,7 @@ class Dispatcher:
                 raise
             self._back_off(error)
         else:
-            self._scan_backoff = 0.0
-            database_outage.recovered()
+            self._scan_backoff = 0.0  # the outage itself ends with a committed write (models)
         finally:
             self._release_slots(reserved - len(claims), failing - sum(c.failing for c in claims))
         return self._start(claims)

@@ -7,6 +7,7 @@ import string
 import threading
 from contextlib import contextmanager
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from peewee import (SQL, BigIntegerField, BlobField, BooleanField, DatabaseProxy, ForeignKeyField,
                     IntegerField, InterfaceError, Model, ModelIndex, OperationalError, PostgresqlDatabase,
@@ -14,7 +15,7 @@ from peewee import (SQL, BigIntegerField, BlobField, BooleanField, DatabaseProxy
 from playhouse.db_url import connect
 from playhouse.pool import MaxConnectionsExceeded
 
-from outages import Outage
+from outages import Outage, describe
 
 SCHEMA_PATH = Path(__file__).with_name("schema.sql")
 
@@ -158,29 +159,81 @@ def write_transaction():
     if not is_sqlite():
         with db.atomic():
             yield
+            # Asked only during an outage: whether this transaction wrote (it has a transaction id).
+            wrote = database_outage.active and db.execute_sql(
+                "SELECT txid_current_if_assigned() IS NOT NULL").fetchone()[0]
+        _end_outage_if(wrote)
         return
     if not _SQLITE_WRITER.acquire(timeout=WRITER_WAIT_SECONDS):
         raise DatabaseBusy(f"another write held the database for over {WRITER_WAIT_SECONDS} s")
     try:
+        changes = db.connection().total_changes
         with db.atomic("IMMEDIATE"):
             yield
+        wrote = db.connection().total_changes > changes
+    except OperationalError as error:
+        raise _rolled_back_cause(error) from None
     finally:
         _SQLITE_WRITER.release()
+    _end_outage_if(wrote)
 
 
-def can_write(now_ms: int) -> bool:
-    """Whether the database accepts a committed write now: a disk too full for SQLite's WAL or
-    PostgreSQL's, a lock held past the bound or a server that is down all answer False."""
+def _end_outage_if(wrote: bool) -> None:
+    """A committed write ends a database outage; an answered read or a transaction that changed
+    nothing does not: reads go on through a full disk or a lock held from outside, and on SQLite a
+    commit with nothing to write succeeds on a full disk."""
+    if wrote and db.transaction_depth() == 0:
+        database_outage.recovered()
+
+
+def _rolled_back_cause(error: OperationalError) -> BaseException:
+    """The error to report for a failed SQLite transaction. A commit that fails for want of space
+    (or on I/O) is rolled back by SQLite itself; peewee's ROLLBACK after it then fails with "no
+    transaction is active", which would hide the cause (and make a full disk look like a bug)."""
+    cause = error
+    while cause is not None and "no transaction is active" in str(cause):
+        cause = cause.__context__
+    return cause if isinstance(cause, OperationalError) else error
+
+
+# A committed write that changes nothing a partner sees: the proof that the database takes writes.
+# Beginning a transaction proves nothing: on a full disk SQLite begins one, and fails the commit.
+# Its value must differ each time (probe_value): SQLite skips writing a row rewritten unchanged.
+WRITE_PROBE = ("INSERT INTO setting (name, value) VALUES ('write_probe', {p}) "
+               "ON CONFLICT (name) DO UPDATE SET value = excluded.value")
+
+
+def probe_value() -> str:
+    return random_token(16)
+
+
+def write_refusal() -> str | None:
+    """Why the database refuses a committed write now (a disk too full for SQLite's WAL or
+    PostgreSQL's, a lock held past the bound, a server that is down), or None when it takes one."""
     try:
         with db.connection_context(), write_transaction():
-            (Setting.insert(name="write_probe", value=str(now_ms))
-             .on_conflict(conflict_target=[Setting.name], update={Setting.value: str(now_ms)})
-             .execute())
+            run_sql(WRITE_PROBE, (probe_value(),))
     except Exception as error:  # noqa: BLE001 - sorted by is_unavailable, the rest re-raised
         if not is_unavailable(error):
             raise
-        return False
-    return True
+        return describe(error)
+    return None
+
+
+def can_write() -> bool:
+    """Whether the database accepts a committed write now (see write_refusal)."""
+    return write_refusal() is None
+
+
+def database_name(url: str) -> str:
+    """PARTNER_DATABASE_URL as a log line may show it: no password, and no query string (libpq
+    takes `?password=` there too)."""
+    shown = url.split("?", 1)[0].split("#", 1)[0]
+    netloc = urlsplit(shown).netloc
+    user_info, at, host = netloc.rpartition("@")
+    if ":" in user_info:
+        shown = shown.replace(netloc, f"{user_info.partition(':')[0]}{at}{host}", 1)
+    return shown
 
 
 class BytesField(BlobField):
