@@ -15,7 +15,8 @@ from delivery import Dispatcher
 from errors import register_error_handlers
 from keys import IDENTITY_READ, WEBHOOKS_MANAGE
 from lookups import Lookups
-from models import database_name, db, open_database, write_refusal
+from models import database_name, db, is_unavailable, open_database, write_refusal
+from outages import describe
 from ops import install_ops, ops
 from outbox import TEST_PING, failures_page, trigger_test_ping
 from pagination import cursor_key, encode_cursor, read_page_args
@@ -43,7 +44,7 @@ def create_app(overrides: dict | None = None) -> Flask:
     if app.config["ALLOWED_NETWORKS"]:
         log.warning("webhook targets in %s are exempt from the internal-address block",
                     ", ".join(map(str, app.config["ALLOWED_NETWORKS"])))
-    app.extensions["database"] = open_database(app.config["DATABASE_URL"])
+    app.extensions["database"] = _open_database(app.config["DATABASE_URL"])
     _say_if_the_database_cannot_write(app)
     with db.connection_context():
         app.extensions["cursor_key"] = cursor_key()
@@ -64,6 +65,18 @@ def create_app(overrides: dict | None = None) -> Flask:
     for group in OPERATOR_COMMANDS:
         app.cli.add_command(group)
     return app
+
+
+def _open_database(url: str):
+    """open_database, saying in one line which database could not be opened and why."""
+    try:
+        return open_database(url)
+    except Exception as error:
+        if is_unavailable(error):
+            log.error("database %s cannot be opened (%s): the service cannot start until it can (SQLite "
+                      "on a full disk: free room for its -wal and -shm files)", database_name(url),
+                      describe(error))
+        raise
 
 
 def _say_if_the_database_cannot_write(app: Flask) -> None:

@@ -18,6 +18,7 @@ import subprocess
 import time
 
 import pytest
+from peewee import OperationalError
 
 from app import create_app
 from models import database_name
@@ -150,3 +151,18 @@ def test_started_on_a_full_disk_it_says_so_once_and_serves_reads(config, disk, d
 ])
 def test_the_start_up_line_names_the_database_without_its_password(url, shown):
     assert database_name(url) == shown
+
+
+def test_a_database_nobody_holds_open_on_a_full_disk_cannot_be_opened_and_start_up_says_so(
+        config, disk, database_url, caplog):
+    """The last connection to close removes the -wal and -shm files; a new process must create them
+    again, which a full disk refuses (SQLite says "disk I/O error"): not even a read is possible, so
+    the process does not start. Start-up names the database and the way out."""
+    create_app(config).extensions["database"].close_all()
+    assert not (disk.path / "partner.sqlite3-shm").exists()
+    disk.fill()
+    with pytest.raises(OperationalError):
+        create_app(config)
+    [line] = logged(caplog, "app", logging.ERROR)
+    assert line.startswith(f"database {database_url} cannot be opened (OperationalError: disk I/O error): "
+                           "the service cannot start until it can"), line
