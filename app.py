@@ -17,7 +17,7 @@ from keys import IDENTITY_READ, WEBHOOKS_MANAGE
 from lookups import Lookups
 from models import database_name, db, is_unavailable, open_database, write_refusal
 from outages import describe
-from ops import install_ops, ops
+from ops import install_ops
 from outbox import TEST_PING, failures_page, trigger_test_ping
 from pagination import cursor_key, encode_cursor, read_page_args
 from ratelimit import RateLimits
@@ -55,7 +55,6 @@ def create_app(overrides: dict | None = None) -> Flask:
         lookups.within(CREATE_LOOKUP_SECONDS), app.config["ALLOWED_NETWORKS"])
     install_request_ids(app)
     app.before_request(_refuse_doubled_slashes)
-    app.before_request(_open_connection)
     app.teardown_request(_close_connection)
     register_error_handlers(app)
     app.register_blueprint(api)
@@ -95,14 +94,16 @@ def _refuse_doubled_slashes() -> None:
         raise NotFound()
 
 
-def _open_connection() -> None:
-    if request.blueprint != ops.name:  # the ops endpoints reach the database on their own terms
-        db.connect(reuse_if_open=True)
-
-
 def _close_connection(_error=None) -> None:
     if not db.is_closed():
         db.close()
+
+
+# Only the API's routes use the pooled connection: the ops endpoints reach the database on their
+# own terms, and the docs not at all.
+@api.before_request
+def _open_connection() -> None:
+    db.connect(reuse_if_open=True)
 
 
 @api.before_request
@@ -113,7 +114,7 @@ def _authenticate() -> None:
 @api.after_request
 def _rate_limit_headers(response):
     if "rate_window" in g:
-        response.headers.update(g.rate_window.headers())
+        response.headers.extend(g.rate_window.headers())
     return response
 
 
@@ -122,12 +123,12 @@ def _rate_limit_headers(response):
 @api.get("/me")
 @require_scope(IDENTITY_READ)
 def me():
-    key, window = g.api_key, g.rate_window
+    caller, window = g.caller, g.rate_window
     return {
-        "organization": key.organization.slug,
-        "key_id": key.key_id,
-        "scopes": sorted(key.scope_set),
-        "rate_limit_per_minute": key.organization.rate_limit_per_minute,
+        "organization": caller.organization.slug,
+        "key_id": caller.key_id,
+        "scopes": sorted(caller.scope_set),
+        "rate_limit_per_minute": caller.organization.rate_limit_per_minute,
         "rate_limit_remaining": window.remaining,
         "rate_limit_reset_at": iso(to_ms(window.reset_at)),
     }
@@ -160,7 +161,7 @@ def page_json(rows, position, scope: str, shape) -> dict:
 @require_scope(WEBHOOKS_MANAGE)
 def create_webhook():
     fields = validate(read_json_object(), current_app.extensions["subscription_fields"])
-    subscription = create_subscription(g.api_key.organization, fields["url"], fields["description"],
+    subscription = create_subscription(g.caller.organization.id, fields["url"], fields["description"],
                                        now_ms(current_app.config["CLOCK"]))
     location = f"{api.url_prefix}/webhooks/{subscription.id}"
     return subscription_json(model_to_dict(subscription, recurse=False), include_secret=True), 201, {"Location": location}
@@ -169,17 +170,17 @@ def create_webhook():
 @api.get("/webhooks")
 @require_scope(WEBHOOKS_MANAGE)
 def list_webhooks():
-    org = g.api_key.organization
-    scope = f"subscriptions:{org.id}"
+    org_id = g.caller.organization.id
+    scope = f"subscriptions:{org_id}"
     limit, position = read_page_args(request.args, current_app.extensions["cursor_key"], scope)
-    rows, next_position = list_subscriptions(org, position, limit)
+    rows, next_position = list_subscriptions(org_id, position, limit)
     return page_json(rows, next_position, scope, subscription_json)
 
 
 @api.delete("/webhooks/<subscription_id>")
 @require_scope(WEBHOOKS_MANAGE)
 def delete_webhook(subscription_id: str):
-    delete_subscription(find_subscription(g.api_key.organization, subscription_id))
+    delete_subscription(find_subscription(g.caller.organization.id, subscription_id))
     return "", 204
 
 
@@ -192,7 +193,7 @@ TEST_FIELDS = (Field("secret", required=True, max_length=256),)
 @require_scope(WEBHOOKS_MANAGE)
 def test_webhook(subscription_id: str):
     secret = validate(read_json_object(), TEST_FIELDS)["secret"]
-    event = trigger_test_ping(g.api_key.organization, subscription_id, secret, g.api_key.key_id,
+    event = trigger_test_ping(g.caller.organization.id, subscription_id, secret, g.caller.key_id,
                               now_ms(current_app.config["CLOCK"]))
     current_app.extensions["delivery"].wake()
     return {"id": event.id, "event": TEST_PING, "subscription_id": subscription_id,
@@ -218,7 +219,7 @@ def failure_json(row: dict) -> dict:
 @api.get("/webhooks/<subscription_id>/failures")
 @require_scope(WEBHOOKS_MANAGE)
 def list_failures(subscription_id: str):
-    subscription = find_subscription(g.api_key.organization, subscription_id)
+    subscription = find_subscription(g.caller.organization.id, subscription_id)
     scope = f"failures:{subscription.id}"
     limit, position = read_page_args(request.args, current_app.extensions["cursor_key"], scope)
     rows, next_position = failures_page(subscription, position, limit)

@@ -19,18 +19,18 @@ def bearer_key(header: str | None) -> str | None:
 
 
 def authenticate() -> None:
-    """Resolve the calling key into `g.api_key` and charge its organization, or raise 401/429."""
+    """Resolve the calling key into `g.caller` and charge its organization, or raise 401/429."""
     limits = current_app.extensions["rate_limits"]
     key_text = bearer_key(request.headers.get("Authorization"))
-    key = find_active_key(key_text) if key_text else None
-    if key is None:
+    caller = find_active_key(key_text) if key_text else None
+    if caller is None:
         # Failed attempts spend the client address's budget, never an organization's.
         limits.charge_failed_login(request.remote_addr)
         raise ApiError(401, "unauthorized", "A valid API key is required.",
                        headers={"WWW-Authenticate": 'Bearer realm="partner-api"'})
-    g.api_key = key
-    g.rate_window = limits.charge_organization(key.organization.id,
-                                               key.organization.rate_limit_per_minute)
+    g.caller = caller
+    g.rate_window = limits.charge_organization(caller.organization.id,
+                                               caller.organization.rate_limit_per_minute)
 
 
 def require_scope(scope: str):
@@ -38,7 +38,7 @@ def require_scope(scope: str):
     def decorator(view):
         @functools.wraps(view)
         def wrapper(*args, **kwargs):
-            if scope not in g.api_key.scope_set:
+            if scope not in g.caller.scope_set:
                 raise ApiError(403, "insufficient_scope", f"This endpoint requires the {scope!r} scope.",
                                headers={"WWW-Authenticate":
                                         f'Bearer error="insufficient_scope", scope="{scope}"'})

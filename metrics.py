@@ -36,11 +36,20 @@ UNMATCHED_ROUTE = "unmatched"  # every path that matches no route: its text woul
 _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
 
+# Each request's pair of series, by their labels: `labels()` takes a lock and builds the
+# label tuple on every call, which every request paid. Bounded: methods, rules and statuses are few.
+_REQUEST_SERIES: dict[tuple, tuple] = {}
+
+
 def count_request(method: str, rule: str | None, status: int, seconds: float) -> None:
     """Count one answered request under its URL rule (`/webhooks/<subscription_id>`, not the path)."""
-    route = rule or UNMATCHED_ROUTE
-    HTTP_REQUESTS.labels(method if method in _METHODS else "other", route, str(status)).inc()
-    HTTP_DURATION.labels(route).observe(seconds)
+    labels = (method if method in _METHODS else "other", rule or UNMATCHED_ROUTE, status)
+    series = _REQUEST_SERIES.get(labels)
+    if series is None:  # the first such request: two threads may both get here, to the same series
+        series = _REQUEST_SERIES[labels] = (HTTP_REQUESTS.labels(labels[0], labels[1], str(status)),
+                                            HTTP_DURATION.labels(labels[1]))
+    series[0].inc()
+    series[1].observe(seconds)
 
 
 def count_attempt(event: str, outcome: str, seconds: float) -> None:

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 from errors import ApiError
 
-from models import (IN_FLIGHT_CONDITION, IS_OPEN, OPEN_CONDITION, Delivery, Event, Failure,
-                    Organization, Subscription, is_sqlite, new_id, run_sql, select_rows, write_transaction)
+from models import (IN_FLIGHT_CONDITION, IS_OPEN, OPEN_CONDITION, Delivery, Event, Failure, Subscription,
+                    is_sqlite, new_id, run_sql, select_rows, write_transaction)
 from pagination import keyset_page
 from retry import RetryPolicy
 from subscriptions import find_subscription
@@ -79,13 +79,13 @@ class Recorded:
 NOT_RECORDED = Recorded(False)
 
 
-def trigger_test_ping(org: Organization, subscription_id: str, secret: str, key_id: str,
+def trigger_test_ping(org_id: str, subscription_id: str, secret: str, key_id: str,
                       now_ms: int) -> Event:
     """The partner's test trigger: 404 unless the organization has the subscription, 403 unless
     `secret` is its secret, 409 once it is disabled, else a vc.test.ping queued. One transaction, so
     an auto-disable cannot commit between the check and the enqueue."""
     with write_transaction():
-        subscription = find_subscription(org, subscription_id)
+        subscription = find_subscription(org_id, subscription_id)
         if not hmac.compare_digest(secret.encode(), subscription.secret.encode()):
             raise ApiError(403, "secret_mismatch", "The secret does not match this subscription's.")
         if not subscription.active:

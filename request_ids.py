@@ -2,8 +2,8 @@
 and every log line written while a request is served carries the same id."""
 
 import logging
+import random
 import re
-import uuid
 
 from flask import Flask, g, has_request_context, request
 
@@ -23,14 +23,16 @@ def current_request_id() -> str | None:
 
 
 def _assign() -> None:
-    sent = request.headers.get(HEADER, "")
-    g.request_id = sent if _SANE.fullmatch(sent) else uuid.uuid4().hex
+    sent = request.environ.get("HTTP_X_REQUEST_ID", "")
+    # 128 bits as 32 hex digits. A correlation id needs to be unique, not secret: os.urandom (as in
+    # uuid4) is a system call that hands the GIL to another request thread on every request.
+    g.request_id = sent if _SANE.fullmatch(sent) else f"{random.getrandbits(128):032x}"
 
 
 def _expose(response):
     if "request_id" not in g:  # a hook before ours failed: still answer with an id
         _assign()
-    response.headers[HEADER] = g.request_id
+    response.headers.add(HEADER, g.request_id)  # nothing else sets it: no need to replace one
     return response
 
 

@@ -50,37 +50,37 @@ def target_check(resolve: ssrf.Resolver, allowed_networks) -> Check:
     return check
 
 
-def create_subscription(org: Organization, url: str, description: str | None,
+def create_subscription(org_id: str, url: str, description: str | None,
                         now_ms: int) -> Subscription:
     """Store a subscription with a fresh signing secret; the URL must already be vetted."""
     with write_transaction():
         if not is_sqlite():
             # Serialize creates per organization so the cap holds under concurrency.
-            Organization.select().where(Organization.id == org.id).for_update().execute()
-        if Subscription.select().where(Subscription.organization == org).count() >= MAX_SUBSCRIPTIONS:
+            Organization.select().where(Organization.id == org_id).for_update().execute()
+        if Subscription.select().where(Subscription.organization == org_id).count() >= MAX_SUBSCRIPTIONS:
             raise ValidationError([field_error(None, "too_many_subscriptions",
                                                f"An organization has at most {MAX_SUBSCRIPTIONS} subscriptions.")])
         return Subscription.create(
-            id=new_id("wh"), organization=org, url=url, description=description,
+            id=new_id("wh"), organization=org_id, url=url, description=description,
             secret=SECRET_PREFIX + secrets.token_urlsafe(32), created_at=now_ms)
 
 
-def find_subscription(org: Organization, subscription_id: str) -> Subscription:
+def find_subscription(org_id: str, subscription_id: str) -> Subscription:
     """The organization's subscription, or 404: another organization's is indistinguishable from none."""
     # An id with a control character was never issued, and PostgreSQL refuses NUL in a query.
     subscription = None if outside_text.has_controls(subscription_id) else Subscription.get_or_none(
-        (Subscription.id == subscription_id) & (Subscription.organization == org))
+        (Subscription.id == subscription_id) & (Subscription.organization == org_id))
     if subscription is None:
         raise ApiError(404, "not_found", "No such subscription.")
     return subscription
 
 
-def list_subscriptions(org: Organization, position: list | None, limit: int):
+def list_subscriptions(org_id: str, position: list | None, limit: int):
     """A page of the organization's subscriptions (rows by name), oldest first, and the next position."""
     if position is None:
-        rows = select_rows(_FIRST_PAGE, (org.id, limit + 1))
+        rows = select_rows(_FIRST_PAGE, (org_id, limit + 1))
     else:
-        rows = select_rows(_NEXT_PAGE, (org.id, *position, limit + 1))
+        rows = select_rows(_NEXT_PAGE, (org_id, *position, limit + 1))
     return page_of(rows, limit, ["created_at", "id"])
 
 

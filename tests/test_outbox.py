@@ -39,12 +39,12 @@ def org(database):
 
 @pytest.fixture
 def subscription(org):
-    return create_subscription(org, URL, None, NOW)
+    return create_subscription(org.id, URL, None, NOW)
 
 
 @pytest.fixture
 def other_subscription(org):
-    return create_subscription(org, "http://93.184.215.14/other", None, NOW)
+    return create_subscription(org.id, "http://93.184.215.14/other", None, NOW)
 
 
 def reload(row):
@@ -175,7 +175,7 @@ def test_an_expired_lease_is_claimed_again_with_the_same_event_and_attempt(subsc
 
 def subscriptions_of(subscription, count: int) -> list:
     """`subscription` and count - 1 more of its organization: each may have one delivery in flight."""
-    return [subscription] + [create_subscription(subscription.organization, f"http://93.184.215.14/{n}",
+    return [subscription] + [create_subscription(subscription.organization_id, f"http://93.184.215.14/{n}",
                                                  None, NOW) for n in range(count - 1)]
 
 
@@ -406,7 +406,7 @@ def test_a_ping_racing_an_auto_disable_is_never_sent(app, subscription):
         with app.app_context(), db.connection_context():
             for _ in range(20):
                 try:
-                    trigger_test_ping(org, subscription.id, subscription.secret, "KEYID", NOW + 1)
+                    trigger_test_ping(org.id, subscription.id, subscription.secret, "KEYID", NOW + 1)
                     outcomes.append("queued")
                 except ApiError as error:
                     outcomes.append(error.code)

@@ -161,8 +161,8 @@ def test_deleting_a_subscription_cascades(database):
 def test_the_subscription_cap_holds_when_creates_race(database):
     org = Organization.create(id="org_1", slug="acme", created_at=1)
     for _ in range(MAX_SUBSCRIPTIONS - 2):
-        create_subscription(org, "https://x.example/", None, 1)
-    errors = run_together(6, lambda: create_subscription(org, "https://x.example/", None, 1))
+        create_subscription(org.id, "https://x.example/", None, 1)
+    errors = run_together(6, lambda: create_subscription(org.id, "https://x.example/", None, 1))
     assert [type(error) for error in errors] == [ValidationError] * 4
     assert Subscription.select().count() == MAX_SUBSCRIPTIONS
 
@@ -171,7 +171,7 @@ def test_a_lease_being_recorded_is_not_taken_over_meanwhile(database):
     """Between checking its lease and finishing, a late attempt keeps the row: a scanner that finds
     the lease expired in that moment skips it rather than making the attempt a second time."""
     org = Organization.create(id="org_1", slug="acme", created_at=1)
-    enqueue(create_subscription(org, "https://x.example/", None, 1), "vc.test.ping", {}, 1)
+    enqueue(create_subscription(org.id, "https://x.example/", None, 1), "vc.test.ping", {}, 1)
     [claim] = claim_due(1, 10, 1000)
     with write_transaction():
         assert _holds_lease(claim)
