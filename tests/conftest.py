@@ -10,7 +10,7 @@ from app import create_app
 from keys import create_key
 from models import db
 from tests.contract import ContractClient
-from tests.receivers import RawServer
+from tests.receivers import RawServer, Receiver
 from tests.support import PUBLIC_IP, FakeClock, StubResolver, bearer
 
 ALLOWED_LOOPBACK = ["127.0.0.0/8"]
@@ -139,3 +139,23 @@ def serve_raw():
         server.stopped.set()
         thread.join(timeout=2)
         server.listener.close()
+
+
+@pytest.fixture
+def start_receiver():
+    """Start Receivers (tests/receivers.py): start_receiver(script=[500, 200]); all stop at teardown."""
+    started: list[Receiver] = []
+
+    def start(**options) -> Receiver:
+        started.append(Receiver(**options).start())
+        return started[-1]
+
+    yield start
+    for receiver in started:
+        receiver.stop()
+
+
+@pytest.fixture
+def receiver(start_receiver) -> Receiver:
+    """A healthy receiver: 200 to every delivery."""
+    return start_receiver()

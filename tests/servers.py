@@ -232,19 +232,21 @@ def postgres_bin_dir_or_skip() -> Path:
     return bin_dir
 
 
-@pytest.fixture(scope="session")
-def postgres_server():
+def running_postgres():
     server = start_postgres(postgres_bin_dir_or_skip())
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres_server():
+    yield from running_postgres()
 
 
 @pytest.fixture
 def own_postgres_server():
     """A PostgreSQL server for this test alone, for tests that stop it: the session's is shared."""
-    server = start_postgres(postgres_bin_dir_or_skip())
-    yield server
-    server.stop()
+    yield from running_postgres()
 
 
 @pytest.fixture

@@ -27,13 +27,6 @@ def config(config, ca_bundle):
 
 
 @pytest.fixture
-def receiver():
-    receiver = Receiver().start()
-    yield receiver
-    receiver.stop()
-
-
-@pytest.fixture
 def failing(receiver, subscribe) -> dict:
     """A subscription whose receiver answers every delivery with 500."""
     receiver.script = [500]

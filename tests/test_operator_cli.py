@@ -3,7 +3,6 @@ app and CLI, with real receivers on 127.0.0.1 and the queue stepped with run_due
 
 import pytest
 
-from tests.receivers import Receiver
 from tests.support import WEBHOOKS
 
 
@@ -23,10 +22,8 @@ def flask_cli(app):
 
 
 @pytest.fixture
-def receiver():
-    receiver = Receiver(script=[500, 500, 200]).start()
-    yield receiver
-    receiver.stop()
+def receiver(start_receiver):
+    return start_receiver(script=[500, 500, 200])
 
 
 @pytest.fixture

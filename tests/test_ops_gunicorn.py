@@ -9,7 +9,6 @@ import pytest
 from prometheus_client.mmap_dict import MmapedDict
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.receivers import Receiver
 from tests.support import WEBHOOKS
 from tests.gunicorn_server import Gunicorn
 
@@ -68,13 +67,6 @@ def test_metrics_counted_across_two_workers_add_up(start_gunicorn, session, tmp_
     for _ in range(4):  # whichever worker answers the scrape reports every worker's requests
         assert healthz_count(session.get(server.base_url + "/metrics", timeout=5).text) == served
     assert server.stop() == 0
-
-
-@pytest.fixture
-def receiver():
-    receiver = Receiver().start()
-    yield receiver
-    receiver.stop()
 
 
 def test_json_log_lines_parse_and_carry_the_request_id(start_gunicorn, session, smoke_key, receiver):

@@ -7,7 +7,6 @@ import pytest
 
 from app import create_app
 from keys import parse_key
-from tests.receivers import Receiver
 from tests.support import ME, WEBHOOKS, bearer
 
 HOOK_URL = "https://hooks.partner.example/hook"
@@ -38,10 +37,8 @@ def config(config):
 
 
 @pytest.fixture
-def receiver():
-    receiver = Receiver(script=[500, 200]).start()
-    yield receiver
-    receiver.stop()
+def receiver(start_receiver):
+    return start_receiver(script=[500, 200])
 
 
 @pytest.fixture
