@@ -20,12 +20,13 @@ from outages import Outage, describe
 SCHEMA_PATH = Path(__file__).with_name("schema.sql")
 
 # WAL lets readers run beside the one writer; the busy timeout makes writers queue, not fail.
-# cache_size: 256 KiB of pages per connection instead of SQLite's 2 MiB. Every pooled connection
+# cache_size: 512 KiB of pages per connection instead of SQLite's 2 MiB. Every pooled connection
 # keeps its own cache, and in WAL mode any commit empties the others' at their next read, so big
 # caches held mostly stale pages: the worker's RSS grew by the connections' 2 MiB each for minutes
-# (bench/soak.py). The operating system's page cache still holds the file.
+# (bench/soak.py). 512 KiB still holds what a claim touches in a million-row history (256 KiB made
+# it 10 % slower: bench/state_scale.py); the operating system's page cache holds the rest.
 SQLITE_PRAGMAS = {"journal_mode": "wal", "busy_timeout": 5000, "foreign_keys": 1,
-                  "synchronous": "normal", "cache_size": -256}
+                  "synchronous": "normal", "cache_size": -512}
 # Connections are pooled: opening one (and, on SQLite, running the pragmas) per request or per
 # delivery attempt costs more than the query. `timeout`: seconds to wait for a free connection.
 POOLED_SCHEMES = {"sqlite", "postgres", "postgresql"}

@@ -3,6 +3,10 @@ the same gunicorn config, measured alternately in one run with the same wrk para
 
 The service adds authentication (a key lookup in SQLite), the per-organization rate limit, a
 connection per request, and the JSON shaping; the ratio to the bare endpoint is that overhead.
+Beside them, as a counterfactual, GET /me from the service with the key lookup answered from memory
+(bench/constant_lookup_app.py), and the worker's context switches per request for each: they show
+what the lookup's SQL costs under 8 threads, and what a key cache (which the service does not have)
+would buy.
 Without wrk (BENCH_QUICK=1 only) a Python keep-alive client stands in: its figures prove the bench
 runs, not how fast the service is, because the client saturates before the server does.
 """
@@ -12,8 +16,8 @@ import re
 import shutil
 import time
 
-from harness import (API, QUICK, REPO, Partner, Receiver, Service, at_least, cpu_seconds, info, pick,
-                     report, run_threads, workdir)
+from harness import (API, QUICK, REPO, Partner, Receiver, Service, at_least, context_switches, cpu_seconds,
+                     info, pick, report, run_threads, workdir)
 
 SUBSCRIPTIONS = 10  # GET /webhooks lists them all (one page)
 CONNECTIONS = 16
@@ -67,7 +71,9 @@ def main() -> dict:
         key = service.create_key()
         # PYTHONPATH: bench/ lives in this repo, whatever tree BENCH_SERVICE_ROOT points at.
         bare = Service(tmp, {"PYTHONPATH": str(REPO)}, app="bench.bare_app:app", name="bare")
-        with service, bare:
+        remembering = Service(tmp, {"PYTHONPATH": str(REPO)}, app="bench.constant_lookup_app:app",
+                              name="constant_lookup", database=service.database)
+        with service, bare, remembering:
             partner = Partner(service, key)
             for n in range(SUBSCRIPTIONS):
                 partner.subscribe(receiver.url(f"/ok/{n}"))
@@ -75,20 +81,24 @@ def main() -> dict:
             auth = {"Authorization": f"Bearer {key}"}
             endpoints = {"bare": (bare, bare.base_url + "/bare", {}),
                          "me": (service, service.base_url + API + "/me", auth),
-                         "webhooks": (service, service.base_url + API + "/webhooks", auth)}
+                         "webhooks": (service, service.base_url + API + "/webhooks", auth),
+                         "me_constant_lookup": (remembering, remembering.base_url + API + "/me", auth)}
             for _, url, headers in endpoints.values():
                 generator(url, headers, WARMUP_SECONDS)
             runs = {name: [] for name in endpoints}
             cpu = {name: [] for name in endpoints}  # the worker's CPU ms per request
+            switches = {name: [] for name in endpoints}  # the worker's context switches per request
             for _ in range(ROUNDS):
                 for name, (server, url, headers) in endpoints.items():
                     worker = server.worker_pid()
-                    cpu_before, started = cpu_seconds(worker), time.monotonic()
+                    cpu_before, switches_before = cpu_seconds(worker), context_switches(worker)
+                    started = time.monotonic()
                     runs[name].append(generator(url, headers, SECONDS))
                     requests = runs[name][-1] * (time.monotonic() - started)
                     cpu[name].append((cpu_seconds(worker) - cpu_before) * 1000 / requests)
-    rate = {name: sorted(values)[len(values) // 2] for name, values in runs.items()}
-    cpu_ms = {name: sorted(values)[len(values) // 2] for name, values in cpu.items()}
+                    switches[name].append((context_switches(worker) - switches_before) / requests)
+    rate, cpu_ms, switched = ({name: sorted(values)[len(values) // 2] for name, values in measured.items()}
+                              for measured in (runs, cpu, switches))
     figures = [
         info("bare Flask JSON endpoint", rate["bare"], "requests/s"),
         info("GET /me", rate["me"], "requests/s"),
@@ -98,12 +108,20 @@ def main() -> dict:
         info("worker CPU per request, bare", cpu_ms["bare"], "ms"),
         info("worker CPU per request, GET /me", cpu_ms["me"], "ms"),
         info("worker CPU per request, GET /webhooks", cpu_ms["webhooks"], "ms"),
+        info("context switches per request, bare", switched["bare"], ""),
+        info("context switches per request, GET /me", switched["me"], ""),
+        info("context switches per request, GET /webhooks", switched["webhooks"], ""),
+        info("counterfactual: GET /me, key lookup answered from memory / bare",
+             rate["me_constant_lookup"] / rate["bare"], ""),
+        info("counterfactual: its worker CPU per request", cpu_ms["me_constant_lookup"], "ms"),
+        info("counterfactual: its context switches per request", switched["me_constant_lookup"], ""),
     ]
     load_generator = "wrk -t1" if generator is wrk else "python (quick fallback: not comparable)"
     parameters = {"load_generator": load_generator,
                   "connections": CONNECTIONS, "seconds": SECONDS, "rounds": ROUNDS}
     return report("api_overhead", figures, parameters,
-                  {"runs_requests_per_s": runs, "runs_cpu_ms_per_request": cpu})
+                  {"runs_requests_per_s": runs, "runs_cpu_ms_per_request": cpu,
+                   "runs_context_switches_per_request": switches})
 
 
 if __name__ == "__main__":
