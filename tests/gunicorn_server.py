@@ -25,12 +25,12 @@ SCHEDULER_ENABLED = None
 
 
 @pytest.fixture
-def server_env(tmp_path):
-    """The environment of `make run`: ours, minus anything that would configure the app or gunicorn."""
+def server_env(database_url):
+    """The environment of `make run`: ours, minus anything that would configure the app or gunicorn.
+    The database is conftest's `database_url`: SQLite, or PostgreSQL too under both_databases."""
     env = {name: value for name, value in os.environ.items()
            if not name.startswith(("PARTNER_", "GUNICORN_", "FLASK_"))}
-    env.update(PORT=str(free_port()), PYTHONUNBUFFERED="1",
-               PARTNER_DATABASE_URL=f"sqlite:///{tmp_path}/smoke.sqlite3")
+    env.update(PORT=str(free_port()), PYTHONUNBUFFERED="1", PARTNER_DATABASE_URL=database_url)
     if SCHEDULER_ENABLED is not None:
         env["PARTNER_SCHEDULER_ENABLED"] = SCHEDULER_ENABLED
     return env

@@ -2,10 +2,10 @@
 
 import json
 import socket
-import sqlite3
 import time
 
 import pytest
+from playhouse.db_url import connect
 
 from keys import parse_key
 from tests.gunicorn_server import STOP_SECONDS, Gunicorn
@@ -86,8 +86,9 @@ def slow_ok(handler):
     handler.end_headers()
 
 
+@pytest.mark.both_databases
 def test_sigterm_with_attempts_in_flight_strands_nothing_and_a_restart_delivers_the_rest_once(
-        server_env, smoke_key, session, tmp_path):
+        server_env, smoke_key, session, tmp_path, database_url):
     server_env["PARTNER_WEBHOOK_ALLOWED_NETWORKS"] = '["127.0.0.0/8"]'
     server_env["PARTNER_DELIVERY_CONCURRENCY"] = "4"
     receiver = Receiver(script=[slow_ok]).start()
@@ -105,7 +106,7 @@ def test_sigterm_with_attempts_in_flight_strands_nothing_and_a_restart_delivers_
                                         json={"secret": subscription["secret"]}).json()["id"])
         assert receiver.wait_for(1)
         assert first.stop() == 0  # SIGTERM while attempts are in flight
-        assert in_flight(tmp_path) == 0
+        assert in_flight(database_url) == 0
         sent_before_restart = len(receiver.received)
         assert sent_before_restart < len(events)
 
@@ -125,6 +126,9 @@ def test_sigterm_with_attempts_in_flight_strands_nothing_and_a_restart_delivers_
         receiver.stop()
 
 
-def in_flight(tmp_path) -> int:
-    with sqlite3.connect(tmp_path / "smoke.sqlite3") as database:
-        return database.execute("SELECT count(*) FROM delivery WHERE state = 'in_flight'").fetchone()[0]
+def in_flight(database_url: str) -> int:
+    database = connect(database_url)
+    try:
+        return database.execute_sql("SELECT count(*) FROM delivery WHERE state = 'in_flight'").fetchone()[0]
+    finally:
+        database.close()
