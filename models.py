@@ -225,11 +225,6 @@ def write_refusal() -> str | None:
     return None
 
 
-def can_write() -> bool:
-    """Whether the database accepts a committed write now (see write_refusal)."""
-    return write_refusal() is None
-
-
 def database_name(url: str) -> str:
     """PARTNER_DATABASE_URL as a log line may show it: no password, and no query string (libpq
     takes `?password=` there too)."""

@@ -8,6 +8,7 @@ import re
 from flask import Flask, g, has_request_context, request
 
 HEADER = "X-Request-Id"
+_ENVIRON_KEY = "HTTP_" + HEADER.upper().replace("-", "_")  # the WSGI spelling of the header
 # What we echo: short and inert in a log line or a header. Anything else is replaced, not trimmed.
 _SANE = re.compile(r"[A-Za-z0-9._-]{1,128}")
 
@@ -23,7 +24,7 @@ def current_request_id() -> str | None:
 
 
 def _assign() -> None:
-    sent = request.environ.get("HTTP_X_REQUEST_ID", "")
+    sent = request.environ.get(_ENVIRON_KEY, "")
     # 128 bits as 32 hex digits. A correlation id needs to be unique, not secret: os.urandom (as in
     # uuid4) is a system call that hands the GIL to another request thread on every request.
     g.request_id = sent if _SANE.fullmatch(sent) else f"{random.getrandbits(128):032x}"

@@ -107,11 +107,11 @@ def test_a_bug_in_sql_is_still_a_500_not_a_503(app):
     assert (response.status_code, response.get_json()["code"]) == (500, "internal_error")
 
 
-def test_can_write_says_whether_a_write_commits_now(app, locked_from_outside):
+def test_write_refusal_says_why_a_write_does_not_commit_now(app, locked_from_outside):
     started = time.monotonic()
-    assert models.can_write() is False  # past SQLite's busy timeout
+    assert "database is locked" in models.write_refusal()  # past SQLite's busy timeout
     assert time.monotonic() - started < 10
 
 
-def test_can_write_is_true_on_a_healthy_database(app):
-    assert models.can_write() is True
+def test_write_refusal_is_none_on_a_healthy_database(app):
+    assert models.write_refusal() is None
