@@ -7,7 +7,7 @@ import secrets
 from dataclasses import dataclass
 
 from errors import ValidationError, field_error
-from models import ApiKey, Organization, new_id, random_token, select_rows, write_transaction
+from models import ApiKey, Organization, new_id, random_token, remembered, select_rows, write_transaction
 
 KEY_PREFIX = "vck_"
 KEY_ID_LENGTH = 20
@@ -65,19 +65,35 @@ def parse_key(full_key: str) -> tuple[str, str] | None:
 
 
 def find_active_key(full_key: str) -> Caller | None:
-    """The caller of the active key whose id and secret both match. Read from the database on every
-    request, never cached: a revocation takes effect on the next request, in every process."""
+    """The caller of the active key whose id and secret both match. The key is read again whenever
+    anything has been committed since it was last read (models.remembered): a revocation takes
+    effect on the next request, in every process."""
     parts = parse_key(full_key)
     if parts is None:
         return None
     key_id, secret = parts
-    rows = select_rows(_KEY_LOOKUP, (key_id,))
-    row = rows[0] if rows else None
-    stored = row["secret_hash"] if row else _DUMMY_HASH
-    if not hmac.compare_digest(stored, hash_secret(secret)) or row is None or row["revoked_at"] is not None:
+    stored = remembered(("api_key", key_id), lambda: _stored_key(key_id))
+    expected = stored.secret_hash if stored else _DUMMY_HASH
+    if not hmac.compare_digest(expected, hash_secret(secret)) or stored is None:
         return None
-    return Caller(row["key_id"], frozenset(row["scopes"].split()),
-                  CallerOrganization(row["org_id"], row["slug"], row["rate_limit_per_minute"]))
+    return stored.caller
+
+
+@dataclass(frozen=True, slots=True)
+class _StoredKey:
+    secret_hash: str
+    caller: Caller | None  # None once revoked
+
+
+def _stored_key(key_id: str) -> _StoredKey | None:
+    rows = select_rows(_KEY_LOOKUP, (key_id,))
+    if not rows:
+        return None
+    row = rows[0]
+    caller = None if row["revoked_at"] is not None else Caller(
+        row["key_id"], frozenset(row["scopes"].split()),
+        CallerOrganization(row["org_id"], row["slug"], row["rate_limit_per_minute"]))
+    return _StoredKey(row["secret_hash"], caller)
 
 
 # Every API request runs this lookup, so it is written once as SQL rather than built by the ORM

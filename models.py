@@ -16,6 +16,7 @@ from playhouse.db_url import connect
 from playhouse.pool import MaxConnectionsExceeded
 
 from outages import Outage, describe
+from read_cache import ReadCache
 
 SCHEMA_PATH = Path(__file__).with_name("schema.sql")
 
@@ -69,19 +70,31 @@ def open_database(url: str):
     """Bind `db` to the database at `url` (a playhouse.db_url URL) and apply schema.sql."""
     logging.getLogger("peewee").addFilter(_QUERY_LOG_FILTER)  # idempotent: one filter instance
     scheme, rest = url.split("://", 1)
-    params = dict(POOL)
+    params, file = dict(POOL), None
     if scheme.startswith("sqlite"):
         # A pooled connection moves between threads, though only one uses it at a time.
         params.update(pragmas=SQLITE_PRAGMAS, check_same_thread=False)
         path = rest[1:].split("?", 1)[0]  # sqlite:///relative or sqlite:////absolute
         if path and path != ":memory:":
-            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            file = os.path.abspath(path)
+            os.makedirs(os.path.dirname(file), exist_ok=True)
     if scheme in POOLED_SCHEMES:
         url = f"{scheme}+pool://{rest}"
     database = connect(url, **params)
     db.initialize(database)
     apply_schema()
+    database.read_cache = ReadCache(file)
     return database
+
+
+def remembered(key, read):
+    """read(), or what it returned since the last commit to the database (read_cache.py). Inside a
+    transaction it always reads: what a transaction sees may be older than the last commit, or
+    not committed at all."""
+    cache = getattr(db.obj, "read_cache", None)
+    if cache is None or db.in_transaction():
+        return read()
+    return cache.get(key, read)
 
 
 def apply_schema() -> None:

@@ -5,7 +5,7 @@ import secrets
 import outside_text
 import ssrf
 from errors import ApiError, ValidationError, field_error
-from models import Organization, Subscription, is_sqlite, new_id, select_rows, write_transaction
+from models import Organization, Subscription, is_sqlite, new_id, remembered, select_rows, write_transaction
 from pagination import page_of
 from validation import Check, Field
 
@@ -77,11 +77,15 @@ def find_subscription(org_id: str, subscription_id: str) -> Subscription:
 
 def list_subscriptions(org_id: str, position: list | None, limit: int):
     """A page of the organization's subscriptions (rows by name), oldest first, and the next position."""
-    if position is None:
-        rows = select_rows(_FIRST_PAGE, (org_id, limit + 1))
-    else:
-        rows = select_rows(_NEXT_PAGE, (org_id, *position, limit + 1))
+    page = (org_id, position and tuple(position), limit)
+    rows = remembered(("subscriptions", page), lambda: _page_rows(*page))
     return page_of(rows, limit, ["created_at", "id"])
+
+
+def _page_rows(org_id: str, position: tuple | None, limit: int) -> list[dict]:
+    if position is None:
+        return select_rows(_FIRST_PAGE, (org_id, limit + 1))
+    return select_rows(_NEXT_PAGE, (org_id, *position, limit + 1))
 
 
 def delete_subscription(subscription: Subscription) -> None:

@@ -36,12 +36,17 @@ def server_env(database_url):
     return env
 
 
-@pytest.fixture
-def smoke_key(server_env):
-    result = subprocess.run([BIN / "flask", "keys", "create", "--org", "smoke", "--scope", "webhooks:manage"],
-                            cwd=ROOT, env=server_env, capture_output=True, text=True, timeout=30)
+def flask(env, *args: str) -> str:
+    """Run the operator CLI in a process of its own, as an operator would; its last line."""
+    result = subprocess.run([BIN / "flask", *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                            timeout=30)
     assert result.returncode == 0, result.stderr
     return result.stdout.strip().splitlines()[-1]
+
+
+@pytest.fixture
+def smoke_key(server_env):
+    return flask(server_env, "keys", "create", "--org", "smoke", "--scope", "webhooks:manage")
 
 
 class Gunicorn:
