@@ -95,15 +95,10 @@ def _refuse_doubled_slashes() -> None:
 
 
 def _close_connection(_error=None) -> None:
+    # A request takes a pooled connection at its first query (peewee connects on demand), and
+    # many take none: an API key read since the last commit is answered from memory (read_cache.py).
     if not db.is_closed():
         db.close()
-
-
-# Only the API's routes use the pooled connection: the ops endpoints reach the database on their
-# own terms, and the docs not at all.
-@api.before_request
-def _open_connection() -> None:
-    db.connect(reuse_if_open=True)
 
 
 @api.before_request

@@ -14,26 +14,25 @@ _SANE = re.compile(r"[A-Za-z0-9._-]{1,128}")
 
 
 def install_request_ids(app: Flask) -> None:
-    """Register the hooks; call before any other before_request hook, so even its errors carry the id."""
-    app.before_request(_assign)
+    """Put the id on every response (the id itself is chosen when first asked for)."""
     app.after_request(_expose)
 
 
 def current_request_id() -> str | None:
-    return g.get("request_id") if has_request_context() else None
-
-
-def _assign() -> None:
-    sent = request.environ.get(_ENVIRON_KEY, "")
-    # 128 bits as 32 hex digits. A correlation id needs to be unique, not secret: os.urandom (as in
-    # uuid4) is a system call that hands the GIL to another request thread on every request.
-    g.request_id = sent if _SANE.fullmatch(sent) else f"{random.getrandbits(128):032x}"
+    """This request's id, chosen the first time anything asks for it (a log line, an error, the
+    response); None outside a request."""
+    if not has_request_context():
+        return None
+    if "request_id" not in g:
+        sent = request.environ.get(_ENVIRON_KEY, "")
+        # 128 bits as 32 hex digits. A correlation id needs to be unique, not secret: os.urandom
+        # (as in uuid4) is a system call that hands the GIL to another request thread.
+        g.request_id = sent if _SANE.fullmatch(sent) else f"{random.getrandbits(128):032x}"
+    return g.request_id
 
 
 def _expose(response):
-    if "request_id" not in g:  # a hook before ours failed: still answer with an id
-        _assign()
-    response.headers.add(HEADER, g.request_id)  # nothing else sets it: no need to replace one
+    response.headers.add(HEADER, current_request_id())  # nothing else sets it: no need to replace one
     return response
 
 
