@@ -18,6 +18,7 @@ import sys
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
@@ -164,12 +165,10 @@ class Service:
 
 
 def run_threads(target, count: int) -> None:
-    """Run target(n) for each n in range(count), each on a thread of its own; wait for them all."""
-    threads = [threading.Thread(target=target, args=(n,)) for n in range(count)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    """Run target(n) for each n in range(count), each on a thread of its own; wait for them all,
+    and raise the first error any of them raised."""
+    with ThreadPoolExecutor(max_workers=count) as pool:
+        list(pool.map(target, range(count)))
 
 
 def wait_or_kill(process: subprocess.Popen, seconds: float = 30) -> None:
