@@ -70,31 +70,40 @@ def open_database(url: str):
     """Bind `db` to the database at `url` (a playhouse.db_url URL) and apply schema.sql."""
     logging.getLogger("peewee").addFilter(_QUERY_LOG_FILTER)  # idempotent: one filter instance
     scheme, rest = url.split("://", 1)
-    params, file = dict(POOL), None
+    params = dict(POOL)
     if scheme.startswith("sqlite"):
         # A pooled connection moves between threads, though only one uses it at a time.
         params.update(pragmas=SQLITE_PRAGMAS, check_same_thread=False)
         path = rest[1:].split("?", 1)[0]  # sqlite:///relative or sqlite:////absolute
         if path and path != ":memory:":
-            file = os.path.abspath(path)
-            os.makedirs(os.path.dirname(file), exist_ok=True)
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     if scheme in POOLED_SCHEMES:
         url = f"{scheme}+pool://{rest}"
     database = connect(url, **params)
     db.initialize(database)
     apply_schema()
-    database.read_cache = ReadCache(file)
+    database.read_cache = ReadCache(sqlite_file())
     return database
 
 
-def remembered(key, read):
-    """read(), or what it returned since the last commit to the database (read_cache.py). Inside a
-    transaction it always reads: what a transaction sees may be older than the last commit, or
-    not committed at all."""
+def sqlite_file() -> str | None:
+    """The file of the SQLite database `db` is bound to, as SQLite itself opened it; None for
+    PostgreSQL or an in-memory database."""
+    if not is_sqlite():
+        return None
+    with db.connection_context():
+        files = {row[1]: row[2] for row in db.execute_sql("PRAGMA database_list").fetchall()}
+    return files.get("main") or None
+
+
+def remembered(key, read, rows: int = 1):
+    """read(), or what it returned since the last commit to the database (read_cache.py); `rows`:
+    the size of its value. Inside a transaction it always reads: what a transaction sees may be
+    older than the last commit, or not committed at all."""
     cache = getattr(db.obj, "read_cache", None)
     if cache is None or db.in_transaction():
         return read()
-    return cache.get(key, read)
+    return cache.get(key, read, rows)
 
 
 def apply_schema() -> None:
@@ -182,6 +191,9 @@ def write_transaction():
                 "SELECT txid_current_if_assigned() IS NOT NULL").fetchone()[0]
         _end_outage_if(wrote)
         return
+    # The connection first: waiting for a pooled one while holding the writer lock would hold up
+    # every writer of the process, and those writers hold connections.
+    db.connection()
     if not _SQLITE_WRITER.acquire(timeout=WRITER_WAIT_SECONDS):
         raise DatabaseBusy(f"another write held the database for over {WRITER_WAIT_SECONDS} s")
     try:

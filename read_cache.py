@@ -9,10 +9,13 @@ revocation takes effect on the very next request, everywhere.
 That connection is driven through SQLite's C interface with the interpreter lock held. Python's
 sqlite3 module lets go of the lock at every step of a statement, and with gunicorn's 8 request
 threads each let-go hands it to another thread: that hand-off, not the SQL, was the larger part of
-a GET /me (bench/api_overhead.py). Asking costs about 3 µs. With the lock held it must never wait,
-so it has no busy timeout: when SQLite cannot answer at once, the read goes to the database.
+a GET /me (bench/api_overhead.py). Asking costs about 3 µs. It has no busy timeout, so a database
+locked by a writer (or being recovered by another connection) answers "busy" at once and the read
+goes to the database; only SQLite's own short retries, when a read races a checkpoint, can make it
+wait with the lock held.
 
-Nothing is kept where SQLite cannot be asked (PostgreSQL, an in-memory database).
+Nothing is kept where SQLite cannot be asked (PostgreSQL, an in-memory database), nor in a process
+forked from the one that opened the database: SQLite's file locks do not survive a fork.
 """
 
 import _sqlite3
@@ -26,11 +29,13 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-# Values kept per database state. None (nothing found) is never kept: made-up keys must not fill memory.
-MAX_ENTRIES = 4096
+# What one database state may keep, in rows: a key is one, a page of subscriptions one per row.
+# None (nothing found) is never kept: made-up keys must not fill memory.
+MAX_ROWS = 4096
 
 SQLITE_OK, SQLITE_ROW = 0, 100
 SQLITE_OPEN_READWRITE = 0x2  # and not CREATE: the database must already exist
+SQLITE_FCNTL_HAS_MOVED = 20
 
 
 def _sqlite_library():
@@ -45,6 +50,7 @@ def _sqlite_library():
             ("sqlite3_step", [handle], ctypes.c_int),
             ("sqlite3_column_int64", [handle, ctypes.c_int], ctypes.c_int64),
             ("sqlite3_reset", [handle], ctypes.c_int),
+            ("sqlite3_file_control", [handle, text, ctypes.c_int, ctypes.POINTER(ctypes.c_int)], ctypes.c_int),
             ("sqlite3_finalize", [handle], ctypes.c_int),
             ("sqlite3_close_v2", [handle], ctypes.c_int),
             ("sqlite3_errstr", [ctypes.c_int], text)):
@@ -60,7 +66,8 @@ class CommitWatch:
         self._sqlite = _sqlite_library()
         self._connection, self._statement = ctypes.c_void_p(), ctypes.c_void_p()
         self._lock = threading.Lock()  # one statement: one thread at a time steps it
-        opened = self._sqlite.sqlite3_open_v2(path.encode(), ctypes.byref(self._connection),
+        self.moved = False
+        opened = self._sqlite.sqlite3_open_v2(os.fsencode(path), ctypes.byref(self._connection),
                                               SQLITE_OPEN_READWRITE, None)
         if opened == SQLITE_OK:
             opened = self._sqlite.sqlite3_prepare_v2(self._connection, b"PRAGMA data_version", -1,
@@ -71,14 +78,24 @@ class CommitWatch:
 
     def state(self) -> int | None:
         """A number that differs after every commit by another connection; None when SQLite cannot
-        answer without waiting (a writer recovering the WAL, say)."""
+        answer at once, or when the file was replaced (`moved`: this connection would never see
+        a commit to the new one)."""
         with self._lock:
+            if self._has_moved():
+                self.moved = True
+                return None
             try:
                 if self._sqlite.sqlite3_step(self._statement) != SQLITE_ROW:
                     return None
                 return self._sqlite.sqlite3_column_int64(self._statement, 0)
             finally:
                 self._sqlite.sqlite3_reset(self._statement)  # ends the read transaction
+
+    def _has_moved(self) -> bool:
+        moved = ctypes.c_int(0)
+        asked = self._sqlite.sqlite3_file_control(self._connection, b"main", SQLITE_FCNTL_HAS_MOVED,
+                                                  ctypes.byref(moved))
+        return asked != SQLITE_OK or bool(moved.value)
 
     def close(self) -> None:
         self._sqlite.sqlite3_finalize(self._statement)
@@ -90,42 +107,49 @@ class ReadCache:
 
     def __init__(self, sqlite_path: str | None):
         self._path = sqlite_path
+        self._pid = os.getpid()  # the process that opened the database
         self._watch: CommitWatch | None = None
-        self._pid = None  # the process that opened the watch: a forked child opens its own
         self._opening = threading.Lock()
-        self._generation: tuple[int | None, dict] = (None, {})
+        self._generation: tuple[int | None, dict, list[int]] = (None, {}, [0])
 
-    def get(self, key: Hashable, read: Callable[[], T]) -> T:
-        """read(), or the value it returned since the last commit to the database."""
+    def get(self, key: Hashable, read: Callable[[], T], rows: int = 1) -> T:
+        """read(), or the value it returned since the last commit to the database. `rows`: the
+        value's size, counted against MAX_ROWS."""
         watch = self._current_watch()
         state = watch.state() if watch else None  # before the read: a later commit is a new state
         if state is None:
             return read()
-        seen, values = self._generation
+        seen, values, kept = self._generation
         if seen == state and key in values:
             return values[key]
         value = read()
         if seen != state:
-            values = {}
-            self._generation = (state, values)
-        if value is not None and len(values) < MAX_ENTRIES:
+            values, kept = {}, [0]
+            self._generation = (state, values, kept)
+        if value is not None and kept[0] + rows <= MAX_ROWS:
             values[key] = value
+            kept[0] += rows
         return value
 
     def _current_watch(self) -> CommitWatch | None:
-        if self._pid == os.getpid() or self._path is None:
-            return self._watch
-        with self._opening:
-            if self._pid != os.getpid():
-                # A parent's watch is left alone, never closed: closing its files here would
-                # release this process's locks on the database (POSIX locks are per process).
-                self._watch, self._generation = self._open_watch(), (None, {})
-                self._pid = os.getpid()
-        return self._watch
+        if self._path is None or self._pid != os.getpid():
+            return None
+        watch = self._watch
+        if watch is None or watch.moved:
+            with self._opening:
+                if self._watch is watch:
+                    # A replaced watch is left open: closing its descriptors would release the
+                    # locks this process's other connections hold on that file (POSIX locks are
+                    # per process), and a replaced file is a rare operator's act.
+                    self._watch = self._open_watch()
+                    self._generation = (None, {}, [0])
+                watch = self._watch
+        return watch
 
     def _open_watch(self) -> CommitWatch | None:
         try:
             return CommitWatch(self._path)
-        except (OSError, AttributeError) as error:  # AttributeError: a library without those functions
+        except Exception as error:  # noqa: BLE001 - any failure only means nothing is kept
             log.warning("reads of %s are not cached: %s", self._path, error)
+            self._path = None
             return None

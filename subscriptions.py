@@ -76,16 +76,14 @@ def find_subscription(org_id: str, subscription_id: str) -> Subscription:
 
 
 def list_subscriptions(org_id: str, position: list | None, limit: int):
-    """A page of the organization's subscriptions (rows by name), oldest first, and the next position."""
-    page = (org_id, position and tuple(position), limit)
-    rows = remembered(("subscriptions", page), lambda: _page_rows(*page))
-    return page_of(rows, limit, ["created_at", "id"])
-
-
-def _page_rows(org_id: str, position: tuple | None, limit: int) -> list[dict]:
+    """A page of the organization's subscriptions (rows by name), oldest first, and the next position.
+    First pages, which a partner reads again and again, are kept until the next commit."""
     if position is None:
-        return select_rows(_FIRST_PAGE, (org_id, limit + 1))
-    return select_rows(_NEXT_PAGE, (org_id, *position, limit + 1))
+        rows = remembered(("subscriptions", org_id, limit),
+                          lambda: select_rows(_FIRST_PAGE, (org_id, limit + 1)), rows=limit + 1)
+    else:
+        rows = select_rows(_NEXT_PAGE, (org_id, *position, limit + 1))
+    return page_of(rows, limit, ["created_at", "id"])
 
 
 def delete_subscription(subscription: Subscription) -> None:

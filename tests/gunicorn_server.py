@@ -53,6 +53,7 @@ class Gunicorn:
     def __init__(self, env, log_dir: Path, app_module: str = "wsgi:app"):
         self.port = int(env["PORT"])
         self.base_url = f"http://127.0.0.1:{self.port}"
+        log_dir.mkdir(parents=True, exist_ok=True)
         self.out_path, self.err_path = log_dir / "gunicorn.out", log_dir / "gunicorn.err"
         with open(self.out_path, "wb") as out, open(self.err_path, "wb") as err:
             # No control socket: it would live in $HOME and be shared with any other gunicorn.

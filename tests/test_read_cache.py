@@ -13,9 +13,7 @@ from keys import parse_key
 from models import db, remembered, run_sql, write_transaction
 from read_cache import CommitWatch, ReadCache
 from tests.gunicorn_server import Gunicorn, flask
-from tests.support import ME, PUBLIC_IP, WEBHOOKS, bearer
-
-REQUESTS = 12  # per check, each on a new connection: both workers answer some
+from tests.support import ME, PUBLIC_IP, WEBHOOKS, bearer, free_port
 
 
 def commit_from_another_process(path, sql="INSERT INTO t VALUES (1)") -> None:
@@ -94,26 +92,65 @@ def test_nothing_is_kept_without_a_database_file(tmp_path, caplog):
     assert not (tmp_path / "absent.sqlite3").exists()
 
 
-def test_none_is_never_kept_and_one_state_keeps_at_most_max_entries(wal_database, monkeypatch):
-    monkeypatch.setattr(read_cache, "MAX_ENTRIES", 2)
+def test_none_is_never_kept_and_one_state_keeps_at_most_max_rows(wal_database, monkeypatch):
+    monkeypatch.setattr(read_cache, "MAX_ROWS", 3)
     cache, missing, read = ReadCache(str(wal_database)), CountingRead(None), CountingRead()
     cache.get("missing", missing), cache.get("missing", missing)
     assert missing.calls == 2
-    for key in ("a", "b", "c", "c"):
-        cache.get(key, read)
-    assert read.calls == 4  # a and b kept, c read twice
+    for key, rows in (("page", 2), ("key", 1), ("another", 1), ("another", 1), ("page", 2), ("key", 1)):
+        cache.get(key, read, rows)
+    assert read.calls == 4  # the page and the key kept; the third value, over the budget, read each time
 
 
-def test_a_forked_child_watches_with_its_own_connection(wal_database):
+def test_a_commit_while_a_value_is_read_makes_the_next_get_read_again(wal_database):
+    """The state is taken before the read: a commit racing the read is never hidden by it."""
+    cache, calls = ReadCache(str(wal_database)), []
+
+    def read_then_commit():
+        calls.append("read")
+        if len(calls) == 1:
+            commit_from_another_process(wal_database)  # lands after the value was read
+        return "row"
+    cache.get("k", read_then_commit), cache.get("k", read_then_commit), cache.get("k", read_then_commit)
+    assert calls == ["read", "read"]
+
+
+def test_a_replaced_database_file_is_watched_again(wal_database, tmp_path):
+    cache, read = ReadCache(str(wal_database)), CountingRead()
+    cache.get("k", read)
+    replacement = tmp_path / "restored.sqlite3"
+    sqlite3.connect(wal_database).execute(f"VACUUM INTO '{replacement}'").connection.close()
+    os.replace(replacement, wal_database)  # an operator restoring a backup over the live file
+    cache.get("k", read)
+    assert read.calls == 2
+    commit_from_another_process(wal_database)
+    cache.get("k", read), cache.get("k", read)
+    assert read.calls == 3
+
+
+def test_a_database_whose_name_is_not_utf8_is_watched(tmp_path):
+    path = tmp_path / os.fsdecode(b"caf\xe9.sqlite3")
+    sqlite3.connect(path).execute("CREATE TABLE t (a)").connection.close()
+    cache, read = ReadCache(str(path)), CountingRead()
+    cache.get("k", read), cache.get("k", read)
+    assert read.calls == 1
+    commit_from_another_process(path)
+    cache.get("k", read)
+    assert read.calls == 2
+
+
+def test_a_process_forked_from_the_one_that_opened_the_database_keeps_nothing(wal_database):
+    """SQLite's file locks belong to the process that took them: a forked child cannot watch
+    reliably, so it reads every time (gunicorn's workers open the database themselves)."""
     cache, read = ReadCache(str(wal_database)), CountingRead()
     cache.get("k", read)
     child = os.fork()
-    if child == 0:  # the child: its parent's connection holds no lock here, so it must open its own
-        kept = cache.get("k", read) == "row" and read.calls == 2 and cache.get("k", read) and read.calls == 2
-        commit_from_another_process(wal_database)
-        cache.get("k", read)
-        os._exit(0 if kept and read.calls == 3 else 1)
+    if child == 0:
+        cache.get("k", read), cache.get("k", read)
+        os._exit(0 if read.calls == 3 else 1)
     assert os.waitpid(child, 0)[1] == 0
+    cache.get("k", read)
+    assert read.calls == 1  # the parent still keeps its value
 
 
 def test_a_read_inside_a_transaction_is_never_kept(app):
@@ -135,28 +172,29 @@ def test_only_sqlite_keeps_values(app, backend):
     assert read.calls == (1 if backend == "sqlite" else 2)
 
 
-def test_every_worker_sees_a_revocation_or_a_change_from_another_process_at_the_next_request(
+def test_every_process_sees_a_revocation_or_a_change_from_another_process_at_the_next_request(
         server_env, smoke_key, tmp_path, session):
-    server_env["GUNICORN_CMD_ARGS"] = "--workers 2"
-    server = Gunicorn(server_env, tmp_path)
+    """Two gunicorns on one database (a worker each), both having read the keys and the page."""
+    servers = [Gunicorn(dict(server_env, PORT=str(free_port())), tmp_path / f"server{n}")
+               for n in range(2)]
     database_path = server_env["PARTNER_DATABASE_URL"].removeprefix("sqlite:///")
     other_key = flask(server_env, "keys", "create", "--org", "smoke", "--scope", "webhooks:manage")
     try:
-        server.wait_until_serving(session)
+        for server in servers:
+            server.wait_until_serving(session)
 
-        def statuses(key, path=ME, times=REQUESTS) -> set[int]:
-            return {session.get(server.base_url + path, headers=bearer(key), timeout=5).status_code
-                    for _ in range(times)}
-
-        created = session.post(server.base_url + WEBHOOKS, headers=bearer(smoke_key), timeout=5,
-                               json={"url": f"https://{PUBLIC_IP}/hook"})  # never sent anything
-        assert created.status_code == 201
-        assert statuses(smoke_key) == statuses(other_key) == {200}  # each worker has read both keys
+        def statuses(key) -> set[int]:
+            return {session.get(server.base_url + ME, headers=bearer(key), timeout=5).status_code
+                    for server in servers for _ in range(2)}
 
         def failures_shown() -> set[int]:
             return {session.get(server.base_url + WEBHOOKS, headers=bearer(smoke_key), timeout=5)
-                    .json()["data"][0]["consecutive_failures"] for _ in range(REQUESTS)}
+                    .json()["data"][0]["consecutive_failures"] for server in servers for _ in range(2)}
 
+        created = session.post(servers[0].base_url + WEBHOOKS, headers=bearer(smoke_key), timeout=5,
+                               json={"url": f"https://{PUBLIC_IP}/hook"})  # never sent anything
+        assert created.status_code == 201
+        assert statuses(smoke_key) == statuses(other_key) == {200}
         assert failures_shown() == {0}
         commit_from_another_process(database_path, "UPDATE subscription SET consecutive_failures = 7")
         assert failures_shown() == {7}
@@ -166,4 +204,5 @@ def test_every_worker_sees_a_revocation_or_a_change_from_another_process_at_the_
         commit_from_another_process(database_path, "UPDATE api_key SET revoked_at = 1")
         assert statuses(other_key) == {401}
     finally:
-        assert server.stop() == 0
+        for server in servers:
+            assert server.stop() == 0
