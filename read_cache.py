@@ -23,6 +23,7 @@ import ctypes
 import logging
 import os
 import threading
+from dataclasses import dataclass, field
 from typing import Callable, Hashable, TypeVar
 
 log = logging.getLogger(__name__)
@@ -102,6 +103,14 @@ class CommitWatch:
         self._sqlite.sqlite3_close_v2(self._connection)
 
 
+@dataclass
+class _Generation:
+    """The values read while the database was in one state (None: no state seen yet)."""
+    state: int | None = None
+    values: dict = field(default_factory=dict)
+    rows: int = 0
+
+
 class ReadCache:
     """Values read from one SQLite database, each kept until the next commit to it."""
 
@@ -110,7 +119,7 @@ class ReadCache:
         self._pid = os.getpid()  # the process that opened the database
         self._watch: CommitWatch | None = None
         self._opening = threading.Lock()
-        self._generation: tuple[int | None, dict, list[int]] = (None, {}, [0])
+        self._generation = _Generation()
 
     def get(self, key: Hashable, read: Callable[[], T], rows: int = 1) -> T:
         """read(), or the value it returned since the last commit to the database. `rows`: the
@@ -119,16 +128,15 @@ class ReadCache:
         state = watch.state() if watch else None  # before the read: a later commit is a new state
         if state is None:
             return read()
-        seen, values, kept = self._generation
-        if seen == state and key in values:
-            return values[key]
+        generation = self._generation
+        if generation.state == state and key in generation.values:
+            return generation.values[key]
         value = read()
-        if seen != state:
-            values, kept = {}, [0]
-            self._generation = (state, values, kept)
-        if value is not None and kept[0] + rows <= MAX_ROWS:
-            values[key] = value
-            kept[0] += rows
+        if generation.state != state:
+            generation = self._generation = _Generation(state)
+        if value is not None and generation.rows + rows <= MAX_ROWS:
+            generation.values[key] = value
+            generation.rows += rows
         return value
 
     def _current_watch(self) -> CommitWatch | None:
@@ -142,7 +150,7 @@ class ReadCache:
                     # locks this process's other connections hold on that file (POSIX locks are
                     # per process), and a replaced file is a rare operator's act.
                     self._watch = self._open_watch()
-                    self._generation = (None, {}, [0])
+                    self._generation = _Generation()
                 watch = self._watch
         return watch
 
