@@ -6,26 +6,27 @@ from flask import Blueprint, Flask, current_app, g, request
 from playhouse.shortcuts import model_to_dict
 from werkzeug.exceptions import NotFound
 
-from apidocs import docs
-from auth import authenticate, require_scope
-from cli import keys_cli
-from operator_cli import COMMANDS as OPERATOR_COMMANDS
-from config import load_config
 from delivery import Dispatcher
-from errors import register_error_handlers
-from keys import IDENTITY_READ, WEBHOOKS_MANAGE
-from lookups import Lookups
-from models import database_name, db, is_unavailable, open_database, write_refusal
-from outages import describe
-from ops import install_ops
-from outbox import TEST_PING, failures_page, trigger_test_ping
-from pagination import cursor_key, encode_cursor, read_page_args
-from ratelimit import RateLimits
-from request_ids import install_request_ids
-from subscriptions import (create_subscription, delete_subscription, find_subscription, list_subscriptions,
-                           subscription_fields)
-from timestamps import iso, now_ms, to_ms
-from validation import Field, read_json_object, validate
+from models import db, open_database
+from partner.availability import describe, is_unavailable
+from partner.config import load_config
+from partner.database import write_refusal
+from partner.edge.apidocs import docs
+from partner.edge.auth import authenticate, require_scope
+from partner.edge.health import install_health
+from partner.edge.pagination import cursor_key, encode_cursor, read_page_args
+from partner.edge.problems import register_error_handlers
+from partner.edge.ratelimit import RateLimits
+from partner.edge.request_ids import install_request_ids
+from partner.edge.validation import Field, read_json_object, validate
+from partner.keys import IDENTITY_READ, WEBHOOKS_MANAGE
+from partner.operator.cli import COMMANDS
+from partner.operator.logs import database_name
+from partner.outbound.dns import Lookups
+from partner.outbox import TEST_PING, failures_page, trigger_test_ping
+from partner.subscriptions import (create_subscription, delete_subscription, find_subscription, list_subscriptions,
+                                   subscription_fields)
+from partner.timestamps import iso, now_ms, to_ms
 
 log = logging.getLogger(__name__)
 
@@ -59,9 +60,8 @@ def create_app(overrides: dict | None = None) -> Flask:
     register_error_handlers(app)
     app.register_blueprint(api)
     app.register_blueprint(docs)
-    install_ops(app)
-    app.cli.add_command(keys_cli)
-    for group in OPERATOR_COMMANDS:
+    install_health(app)
+    for group in COMMANDS:
         app.cli.add_command(group)
     return app
 
@@ -96,7 +96,7 @@ def _refuse_doubled_slashes() -> None:
 
 def _close_connection(_error=None) -> None:
     # A request takes a pooled connection at its first query (peewee connects on demand), and
-    # many take none: an API key read since the last commit is answered from memory (read_cache.py).
+    # some take none (a 404, a malformed key).
     if not db.is_closed():
         db.close()
 

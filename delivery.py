@@ -22,17 +22,16 @@ from datetime import datetime, timezone
 
 from apscheduler.schedulers.background import BackgroundScheduler
 
-import metrics
-import retention
 import signing
-import ssrf
-import transport
-from lookups import Lookups
-from outages import describe
-from models import database_outage, db, discard_idle_connections, is_unavailable
-from outbox import Claim, Recorded, claim_due, record_attempt, release
-from retry import MAX_JITTER, RetryPolicy
-from timestamps import to_ms
+from models import db
+from partner import retention
+from partner.availability import database_failed, describe, is_unavailable
+from partner.operator import metrics
+from partner.outbound import ssrf, transport
+from partner.outbound.dns import Lookups
+from partner.outbox import Claim, Recorded, claim_due, record_attempt, release
+from partner.retry import MAX_JITTER, RetryPolicy
+from partner.timestamps import to_ms
 
 log = logging.getLogger(__name__)
 
@@ -138,15 +137,14 @@ class Dispatcher:
                 raise
             self._back_off(error)
         else:
-            self._scan_backoff = 0.0  # the outage itself ends with a committed write (models)
+            self._scan_backoff = 0.0  # the outage itself ends with a committed write (availability)
         finally:
             self._release_slots(reserved - len(claims), failing - sum(c.failing for c in claims))
         return self._start(claims)
 
     def _back_off(self, error: Exception) -> None:
         """The database cannot answer or write (down, disk full, locked): scan less often, log once."""
-        database_outage.failed(error)
-        discard_idle_connections()
+        database_failed(error)
         self._scan_backoff = min(MAX_SCAN_BACKOFF_SECONDS, self._scan_backoff * 2 or SCAN_BACKOFF_SECONDS)
         self._next_scan_at = time.monotonic() + self._scan_backoff
 

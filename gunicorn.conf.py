@@ -6,7 +6,7 @@ import os
 import shutil
 import tempfile
 
-from logs import ACCESS_FORMAT, logging_config
+from partner.operator.logs import ACCESS_FORMAT, logging_config
 
 wsgi_app = "wsgi:app"
 bind = f"127.0.0.1:{os.environ.get('PORT', '8000')}"

@@ -34,9 +34,9 @@ NOW_MS = 1_790_000_000_000
 DAY_MS = 86_400_000
 
 sys.path.insert(0, str(SERVICE_ROOT))
-import backlog  # noqa: E402  (the service's modules, from SERVICE_ROOT)
-import outbox  # noqa: E402
-import retention  # noqa: E402
+from partner import backlog  # noqa: E402  (the service's modules, from SERVICE_ROOT)
+from partner import outbox  # noqa: E402
+from partner import retention  # noqa: E402
 from app import create_app  # noqa: E402
 from models import Subscription, db, open_database  # noqa: E402
 

@@ -1,9 +1,21 @@
-"""Logging a dependency's outage as an operator wants to read it: one ERROR when it starts failing
-(or fails in a new way), one line when it works again, and nothing per request or per poll between."""
+"""Whether the database (or the rate-limit storage) can answer now, decided in one place.
+
+An outage is logged as an operator wants to read it: one ERROR when it starts failing (or fails in a
+new way), one line when it works again, and nothing per request or per poll between. The database's
+outage ends when a write commits (`watch_commit`), not when a read answers: reads go on through a
+full disk or a lock held from outside.
+"""
 
 import logging
 import threading
 import time
+from contextlib import contextmanager
+
+import psycopg2
+from peewee import InterfaceError, OperationalError, SqliteDatabase
+from playhouse.pool import MaxConnectionsExceeded
+
+from models import db
 
 
 def describe(error: BaseException) -> str:
@@ -52,3 +64,61 @@ class Outage:
             self._failure, self._count = None, 0
         self._log.warning("%s answers again after %.1f s (%d failures meanwhile)", self._what, seconds,
                           count)
+
+
+# This process's view of the database's availability, shared by the request path and the scanner.
+database_outage = Outage(logging.getLogger(__name__), "database", "requests answer 503 and deliveries wait")
+
+# SQLite's messages for a database that cannot answer or write now (not for a bug in a statement).
+_SQLITE_UNAVAILABLE = ("locked", "busy", "full", "disk i/o", "unable to open", "readonly")
+
+
+class DatabaseBusy(OperationalError):
+    """The in-process SQLite writer lock was not free within its bound."""
+
+
+def is_unavailable(error: BaseException) -> bool:
+    """Whether `error` means the database cannot answer or write right now (down, full, locked),
+    so the operation may succeed later, as opposed to a bug."""
+    if isinstance(error, MaxConnectionsExceeded):
+        return True
+    if isinstance(error, InterfaceError):
+        # peewee's own InterfaceError is a programming error; psycopg2's (wrapped by peewee, the
+        # driver's error first among its args) is a connection that closed under us.
+        return bool(error.args) and isinstance(error.args[0], psycopg2.InterfaceError)
+    if not isinstance(error, OperationalError):
+        return False
+    if isinstance(error, DatabaseBusy) or not _is_sqlite():
+        return True  # psycopg2's OperationalError is the connection's or the server's, never the SQL's
+    return any(word in str(error).lower() for word in _SQLITE_UNAVAILABLE)
+
+
+def database_failed(error: BaseException) -> None:
+    """The database could not answer or write: note the outage, and drop the pool's idle
+    connections (after a restart they point at a server that is gone)."""
+    database_outage.failed(error)
+    close_idle = getattr(db.obj, "close_idle", None)
+    if close_idle:
+        close_idle()
+
+
+@contextmanager
+def watch_commit():
+    """Wrap one outermost write transaction (outside its BEGIN and COMMIT): once it has committed,
+    a database outage ends. On SQLite only if it wrote: a commit with nothing to write succeeds on a
+    full disk. On PostgreSQL any commit: its outages are a server that does not answer."""
+    if not database_outage.active or db.transaction_depth() > 0:
+        yield
+        return
+    before = _changes()
+    yield
+    if before is None or _changes() != before:
+        database_outage.recovered()
+
+
+def _changes() -> int | None:
+    return db.connection().total_changes if _is_sqlite() else None
+
+
+def _is_sqlite() -> bool:
+    return isinstance(db.obj, SqliteDatabase)

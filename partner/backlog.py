@@ -14,7 +14,9 @@ from dataclasses import dataclass
 import psycopg2
 from peewee import SqliteDatabase
 
-from models import OPEN_CONDITION, WRITE_PROBE, database_outage, db, probe_value
+from models import OPEN_CONDITION, db
+from partner.availability import database_outage
+from partner.database import WRITE_PROBE, random_token
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +40,7 @@ class Backlog:
 
 def read_backlog(now_ms: int, timeout: float, check_write: bool = False) -> Backlog:
     """Count due deliveries within `timeout` seconds; with `check_write`, also prove that a write
-    commits now (models.WRITE_PROBE: a full disk lets a transaction begin and fails its commit).
+    commits now (database.WRITE_PROBE: a full disk lets a transaction begin and fails its commit).
     Raises DatabaseUnavailable."""
     failed = f"did not answer within {timeout:g} s"
     try:
@@ -49,7 +51,7 @@ def read_backlog(now_ms: int, timeout: float, check_write: bool = False) -> Back
             row = cursor.fetchone()
             if check_write:
                 failed = "cannot take a write"
-                cursor.execute(WRITE_PROBE.format(p=p), (probe_value(),))
+                cursor.execute(WRITE_PROBE.format(p=p), (random_token(16),))
                 connection.commit()
                 database_outage.recovered()  # a committed write: the database takes writes again
     except (sqlite3.Error, psycopg2.Error) as error:

@@ -5,8 +5,8 @@ import time
 
 from flask import Flask
 
-import ssrf
-from logs import FORMATS
+from partner.outbound import ssrf
+from partner.operator.logs import FORMATS
 
 DEFAULTS = {
     "DATABASE_URL": "sqlite:///instance/partner.sqlite3",

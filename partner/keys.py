@@ -6,8 +6,9 @@ import re
 import secrets
 from dataclasses import dataclass
 
-from errors import ValidationError, field_error
-from models import ApiKey, Organization, new_id, random_token, remembered, select_rows, write_transaction
+from partner.errors import ValidationError, field_error
+from models import ApiKey, Organization
+from partner.database import new_id, random_token, select_rows, write_transaction
 
 KEY_PREFIX = "vck_"
 KEY_ID_LENGTH = 20
@@ -65,14 +66,13 @@ def parse_key(full_key: str) -> tuple[str, str] | None:
 
 
 def find_active_key(full_key: str) -> Caller | None:
-    """The caller of the active key whose id and secret both match. The key is read again whenever
-    anything has been committed since it was last read (models.remembered): a revocation takes
-    effect on the next request, in every process."""
+    """The caller of the active key whose id and secret both match. Read from the database on every
+    request: a revocation takes effect on the next request, in every process."""
     parts = parse_key(full_key)
     if parts is None:
         return None
     key_id, secret = parts
-    stored = remembered(("api_key", key_id), lambda: _stored_key(key_id))
+    stored = _stored_key(key_id)
     expected = stored.secret_hash if stored else _DUMMY_HASH
     if not hmac.compare_digest(expected, hash_secret(secret)) or stored is None:
         return None

@@ -11,21 +11,19 @@ import secrets
 import uuid
 from dataclasses import dataclass
 
-from errors import ApiError
-
-from models import (IN_FLIGHT_CONDITION, IS_OPEN, OPEN_CONDITION, Delivery, Event, Failure, Subscription,
-                    is_sqlite, new_id, run_sql, select_rows, write_transaction)
-from pagination import keyset_page
-from retry import RetryPolicy
-from subscriptions import find_subscription
-from timestamps import iso
-from transport import AttemptResult
+from models import IN_FLIGHT_CONDITION, IS_OPEN, OPEN_CONDITION, Delivery, Event, Failure, Subscription
+from partner.database import is_sqlite, keyset_page, new_id, run_sql, select_rows, write_transaction
+from partner.errors import ApiError
+from partner.outbound.transport import AttemptResult
+from partner.retry import RetryPolicy
+from partner.subscriptions import find_subscription
+from partner.timestamps import iso
 
 TEST_PING = "vc.test.ping"
 
 # Every attempt runs these, so they are written once as SQL rather than built by the ORM each time:
 # peewee spent more of the dispatcher's CPU compiling them than SQLite spent running them
-# (bench/delivery_throughput). Portable, like keys._KEY_LOOKUP, and run by models.run_sql, which
+# (bench/delivery_throughput). Portable, like keys._KEY_LOOKUP, and run by database.run_sql, which
 # fills every {name} in one pass; the state conditions are the partial indexes' own (models), so
 # the indexes still apply.
 _CLAIM = ('UPDATE delivery SET state = {p}, due_at = {p}, lease_token = {p} WHERE event_id IN '

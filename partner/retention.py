@@ -13,8 +13,9 @@ import time
 from dataclasses import dataclass, fields
 from datetime import datetime, timedelta, timezone
 
-from models import Setting, db, is_sqlite, run_sql, write_transaction
-from timestamps import iso, now_ms
+from models import Setting, db
+from partner.database import is_sqlite, run_sql, write_transaction
+from partner.timestamps import iso, now_ms
 
 log = logging.getLogger(__name__)
 

@@ -1,17 +1,20 @@
-"""Webhook subscriptions of an organization: create, find, list, delete."""
+"""Webhook subscriptions: an organization's (create, find, list, delete) and the operator's
+(an overview with delivery counts, re-enabling after an auto-disable)."""
 
 import secrets
 
-import outside_text
-import ssrf
-from errors import ApiError, ValidationError, field_error
-from models import Organization, Subscription, is_sqlite, new_id, remembered, select_rows, write_transaction
-from pagination import page_of
-from validation import Check, Field
+from peewee import fn
+
+from models import Delivery, Organization, Subscription
+from partner import outside_text
+from partner.database import is_sqlite, new_id, page_of, select_rows, write_transaction
+from partner.edge.validation import Check, Field
+from partner.errors import ApiError, OperatorError, ValidationError, field_error
+from partner.outbound import ssrf
 
 # Every list request runs one of these, so they are written once as SQL: compiling the ORM query
 # cost more than running it (bench/api_overhead). Keyset order over the index on
-# (organization_id, created_at, id); portable, run by models.select_rows.
+# (organization_id, created_at, id); portable, run by database.select_rows.
 _PAGE_COLUMNS = ("SELECT id, url, description, active, consecutive_failures, auto_disabled_at, created_at "
                  "FROM subscription WHERE organization_id = {p}")
 _FIRST_PAGE = _PAGE_COLUMNS + " ORDER BY created_at, id LIMIT {p}"
@@ -76,11 +79,9 @@ def find_subscription(org_id: str, subscription_id: str) -> Subscription:
 
 
 def list_subscriptions(org_id: str, position: list | None, limit: int):
-    """A page of the organization's subscriptions (rows by name), oldest first, and the next position.
-    First pages, which a partner reads again and again, are kept until the next commit."""
+    """A page of the organization's subscriptions (rows by name), oldest first, and the next position."""
     if position is None:
-        rows = remembered(("subscriptions", org_id, limit),
-                          lambda: select_rows(_FIRST_PAGE, (org_id, limit + 1)), rows=limit + 1)
+        rows = select_rows(_FIRST_PAGE, (org_id, limit + 1))
     else:
         rows = select_rows(_NEXT_PAGE, (org_id, *position, limit + 1))
     return page_of(rows, limit, ["created_at", "id"])
@@ -90,3 +91,30 @@ def delete_subscription(subscription: Subscription) -> None:
     """Delete it with its events, deliveries and failures, so nothing more is sent to it."""
     with write_transaction():
         subscription.delete_instance()
+
+
+def subscriptions_overview(slug: str | None = None, disabled_only: bool = False) -> list[Subscription]:
+    """Every subscription (of one organization), each with `pending` (open) and `dead` counts,
+    counted on the (subscription_id, state) index."""
+    def count(states):
+        return (Delivery.select(fn.COUNT(Delivery.event))
+                .where((Delivery.subscription == Subscription.id) & Delivery.state.in_(states)))
+    query = (Subscription.select(Subscription, Organization, count((Delivery.PENDING, Delivery.IN_FLIGHT)).alias("pending"),
+                                 count((Delivery.DEAD,)).alias("dead"))
+             .join(Organization).order_by(Organization.slug, Subscription.created_at, Subscription.id))
+    if slug:
+        query = query.where(Organization.slug == slug)
+    if disabled_only:
+        query = query.where(Subscription.active == False)  # noqa: E712 (peewee builds SQL from ==)
+    return list(query)
+
+
+def enable_subscription(subscription_id: str) -> Subscription:
+    """Re-enable an auto-disabled subscription with a clean failure streak. Its dead letters stay
+    dead: enabling resends nothing (see replay_dead_letters)."""
+    with write_transaction():
+        updated = (Subscription.update(active=True, auto_disabled_at=None, consecutive_failures=0)
+                   .where(Subscription.id == subscription_id).execute())
+    if not updated:
+        raise OperatorError(f"No subscription {subscription_id!r}.")
+    return Subscription.get_by_id(subscription_id)

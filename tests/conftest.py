@@ -7,7 +7,7 @@ import pytest
 import trustme
 
 from app import create_app
-from keys import create_key
+from partner.keys import create_key
 from models import db
 from tests.contract import ContractClient
 from tests.receivers import RawServer, Receiver

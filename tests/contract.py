@@ -9,7 +9,7 @@ from openapi_core import Config, OpenAPI
 from openapi_core.contrib.werkzeug import WerkzeugOpenAPIRequest, WerkzeugOpenAPIResponse
 from openapi_core.templating.paths.exceptions import OperationNotFound, PathNotFound
 
-import apidocs
+from partner.edge import apidocs
 
 
 @functools.cache

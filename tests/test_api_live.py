@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import requests
 
-import apidocs
+from partner.edge import apidocs
 from tests.servers import free_port
 from tests.gunicorn_server import BIN, ROOT, Gunicorn
 

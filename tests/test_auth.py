@@ -2,8 +2,8 @@
 
 import pytest
 
-from auth import bearer_key
-from keys import parse_key
+from partner.edge.auth import bearer_key
+from partner.keys import parse_key
 from models import Event, db
 from tests.support import ME, PUBLIC_URL, WEBHOOKS, assert_problem, bearer, json_of
 
@@ -86,7 +86,7 @@ def test_identity_read_is_granted_to_every_key(client, issue_key):
 
 
 def test_every_api_route_requires_exactly_one_scope(app):
-    from keys import GRANTABLE_SCOPES
+    from partner.keys import GRANTABLE_SCOPES
     api_views = [view for name, view in app.view_functions.items() if name.startswith("api.")]
     assert api_views
     assert all(getattr(view, "required_scope", None) in GRANTABLE_SCOPES for view in api_views)

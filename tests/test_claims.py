@@ -7,7 +7,7 @@ import multiprocessing
 import pytest
 
 from models import Delivery, Event, Organization, Subscription, db, open_database
-from outbox import claim_due
+from partner.outbox import claim_due
 from tests.support import run_together
 
 NOW = 1_800_000_000_000

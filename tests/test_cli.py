@@ -2,7 +2,7 @@
 
 import pytest
 
-from keys import RESERVED_SCOPES, parse_key
+from partner.keys import RESERVED_SCOPES, parse_key
 from tests.support import ME, bearer
 
 

@@ -8,12 +8,12 @@ import time
 
 import pytest
 
-import outside_text
+from partner import outside_text
 import signing
-from outbox import claim_due
+from partner.outbox import claim_due
 from models import Delivery, Failure, Subscription, db
 from tests.receivers import Receiver, drip, drip_bytes, hang, read_request
-from timestamps import iso
+from partner.timestamps import iso
 from tests.support import WEBHOOKS, field_codes, json_of
 
 DAY = 86400

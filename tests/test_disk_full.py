@@ -21,7 +21,7 @@ import pytest
 from peewee import OperationalError
 
 from app import create_app
-from models import database_name
+from partner.operator.logs import database_name
 from tests.contract import ContractClient
 from tests.receivers import Receiver
 from tests.support import ME, WEBHOOKS, assert_problem, assert_unavailable, bearer, json_of
@@ -118,9 +118,9 @@ def test_a_full_disk_is_503_for_writes_reads_served_logged_once_and_the_same_pro
     finally:
         dispatcher.stop()
         receiver.stop()
-    [outage] = logged(caplog, "models", logging.ERROR)  # one line for the whole outage, not one per poll
+    [outage] = logged(caplog, "partner.availability", logging.ERROR)  # one line for the whole outage, not one per poll
     assert outage.startswith("database unavailable (OperationalError: database or disk is full)"), outage
-    [recovery] = logged(caplog, "models", logging.WARNING)
+    [recovery] = logged(caplog, "partner.availability", logging.WARNING)
     failures_meanwhile = int(recovery.split("(")[1].split()[0])
     assert failures_meanwhile - len(writes) <= 3, recovery  # the scanner's: 1 s, then 2 s apart
 

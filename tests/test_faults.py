@@ -7,8 +7,9 @@ import time
 
 import pytest
 
-import models
-from models import db, is_unavailable
+from models import db
+from partner import database
+from partner.availability import is_unavailable
 from tests.support import ME, PUBLIC_URL, WEBHOOKS, assert_unavailable
 
 NEW = {"url": PUBLIC_URL}
@@ -27,7 +28,7 @@ def writer_lock_held():
     taken, release = threading.Event(), threading.Event()
 
     def hold():
-        with models._SQLITE_WRITER:
+        with database._SQLITE_WRITER:
             taken.set()
             release.wait(30)
     thread = threading.Thread(target=hold)
@@ -41,13 +42,13 @@ def writer_lock_held():
 def test_a_write_that_cannot_get_the_writer_lock_gives_up_with_503(client, auth, writer_lock_held):
     response, seconds = timed(lambda: client.post(WEBHOOKS, json=NEW, headers=auth))
     assert_unavailable(response)
-    assert models.WRITER_WAIT_SECONDS <= seconds < models.WRITER_WAIT_SECONDS + 1
+    assert database.WRITER_WAIT_SECONDS <= seconds < database.WRITER_WAIT_SECONDS + 1
 
 
 def test_reads_never_wait_for_the_writer_lock(client, auth, writer_lock_held):
     response, seconds = timed(lambda: client.get(ME, headers=auth))
     assert response.status_code == 200
-    assert seconds < models.WRITER_WAIT_SECONDS / 2
+    assert seconds < database.WRITER_WAIT_SECONDS / 2
     assert client.get(WEBHOOKS, headers=auth).get_json()["data"] == []
 
 
@@ -82,7 +83,7 @@ def test_the_outage_is_logged_once_and_its_end_once_a_write_commits(client, auth
         assert client.get(ME, headers=auth).status_code == 200  # reads answer: the outage goes on
     writer_lock_held.set()
     assert client.post(WEBHOOKS, json=NEW, headers=auth).status_code == 201
-    lines = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "models"]
+    lines = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "partner.availability"]
     assert [level for level, _ in lines] == ["ERROR", "WARNING"], lines
     assert lines[0][1].startswith("database unavailable (DatabaseBusy: ")
     assert lines[1][1].startswith("database answers again after ") and "(3 failures meanwhile)" in lines[1][1]
@@ -109,9 +110,9 @@ def test_a_bug_in_sql_is_still_a_500_not_a_503(app):
 
 def test_write_refusal_says_why_a_write_does_not_commit_now(app, locked_from_outside):
     started = time.monotonic()
-    assert "database is locked" in models.write_refusal()  # past SQLite's busy timeout
+    assert "database is locked" in database.write_refusal()  # past SQLite's busy timeout
     assert time.monotonic() - started < 10
 
 
 def test_write_refusal_is_none_on_a_healthy_database(app):
-    assert models.write_refusal() is None
+    assert database.write_refusal() is None

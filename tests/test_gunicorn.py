@@ -7,7 +7,7 @@ import time
 import pytest
 from playhouse.db_url import connect
 
-from keys import parse_key
+from partner.keys import parse_key
 from tests.gunicorn_server import STOP_SECONDS, Gunicorn
 from tests.receivers import Receiver
 from tests.support import ME, bearer

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from lookups import Lookups
+from partner.outbound.dns import Lookups
 from tests.support import StubResolver
 
 

@@ -8,7 +8,7 @@ from flask.testing import FlaskClient
 from openapi_spec_validator import validate
 from openapi_spec_validator.validation.exceptions import OpenAPIValidationError
 
-import apidocs
+from partner.edge import apidocs
 from tests.contract import ContractClient, check_response
 from tests.support import API
 

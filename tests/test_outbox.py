@@ -8,15 +8,15 @@ import uuid
 
 import pytest
 
-from errors import ApiError
-from keys import create_key
+from partner.errors import ApiError
+from partner.keys import create_key
 from models import Delivery, Event, Failure, Subscription, db
-from outbox import (NOT_RECORDED, Recorded, claim_due, enqueue_test_ping, failures_page, record_attempt,
+from partner.outbox import (NOT_RECORDED, Recorded, claim_due, enqueue_test_ping, failures_page, record_attempt,
                     trigger_test_ping)
-from retry import RetryPolicy
-from subscriptions import create_subscription, delete_subscription
+from partner.retry import RetryPolicy
+from partner.subscriptions import create_subscription, delete_subscription
 from tests.support import query_plan, run_together
-from transport import AttemptResult
+from partner.outbound.transport import AttemptResult
 
 NOW = 1_800_000_000_123  # 2027-01-15T08:00:00.123Z, Unix ms
 LEASE = 40_000

@@ -2,7 +2,7 @@
 
 import pytest
 
-from outside_text import EXCERPT_BYTES, clean, excerpt, has_controls
+from partner.outside_text import EXCERPT_BYTES, clean, excerpt, has_controls
 
 
 @pytest.mark.parametrize("text, cleaned", [

@@ -10,11 +10,12 @@ from playhouse.db_url import connect
 
 import models
 from tests import support
-from errors import ValidationError
-from models import (ApiKey, Delivery, Event, Failure, Organization, Setting, Subscription, db,
-                    open_database, write_transaction)
-from outbox import _holds_lease, claim_due, enqueue
-from subscriptions import MAX_SUBSCRIPTIONS, create_subscription
+from partner.errors import ValidationError
+from models import ApiKey, Delivery, Event, Failure, Organization, Setting, Subscription, db, open_database
+from partner.database import is_sqlite
+from partner.database import write_transaction
+from partner.outbox import _holds_lease, claim_due, enqueue
+from partner.subscriptions import MAX_SUBSCRIPTIONS, create_subscription
 
 
 @pytest.fixture
@@ -48,7 +49,7 @@ def run_together(count: int, work) -> list[Exception]:
 
 def test_open_database_gives_a_postgresql_database(database):
     assert isinstance(database, PostgresqlDatabase)
-    assert not models.is_sqlite()
+    assert not is_sqlite()
 
 
 def test_schema_applies_twice(database_url):

@@ -77,7 +77,7 @@ def test_an_unreachable_storage_fails_open(config, issue_key):
 
 
 def test_a_local_window_passes_exactly_the_limit_in_any_60_seconds(clock):
-    from ratelimit import LocalWindows
+    from partner.edge.ratelimit import LocalWindows
     clock.now = 1_000_000  # whole seconds: the window edge is compared exactly
     windows = LocalWindows(clock)
     allowed = []
@@ -93,7 +93,7 @@ def test_a_local_window_passes_exactly_the_limit_in_any_60_seconds(clock):
 
 
 def test_a_local_window_forgets_idle_budgets(clock):
-    from ratelimit import LocalWindows
+    from partner.edge.ratelimit import LocalWindows
     windows = LocalWindows(clock)
     windows.hit("org", "idle", 10)
     clock.advance(61)

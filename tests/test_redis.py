@@ -16,7 +16,7 @@ import time
 import pytest
 
 from app import create_app
-from ratelimit import PROBE_INTERVAL_SECONDS, storage_options
+from partner.edge.ratelimit import PROBE_INTERVAL_SECONDS, storage_options
 from tests.servers import start_redis
 from tests.support import run_together
 from tests.test_ratelimit import get_me
@@ -119,7 +119,7 @@ def test_a_frozen_redis_costs_no_request_more_than_a_second_and_limits_return(co
 
     time.sleep(PROBE_INTERVAL_SECONDS)  # the next request probes Redis again
     assert get_me(client, key).status_code == 429
-    lines = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "ratelimit"]
+    lines = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "partner.edge.ratelimit"]
     assert [level for level, _ in lines] == ["ERROR", "WARNING"], lines
     assert lines[0][1].startswith("rate-limit storage unavailable (TimeoutError: ")
     assert lines[1][1].startswith("rate-limit storage answers again after ")

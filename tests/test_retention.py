@@ -3,9 +3,9 @@ their deliveries and failure records; open work stays. On SQLite and PostgreSQL.
 
 import pytest
 
-import retention
+from partner import retention
 from models import Delivery, Event, Failure, db
-from outbox import claim_due
+from partner.outbox import claim_due
 from tests.receivers import Receiver
 from tests.support import WEBHOOKS
 

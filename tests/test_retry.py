@@ -2,7 +2,7 @@
 
 import pytest
 
-from retry import Decision, RetryPolicy, max_attempts, next_attempt_at
+from partner.retry import Decision, RetryPolicy, max_attempts, next_attempt_at
 
 SECOND = 1000  # the schedule works in milliseconds
 MINUTE = 60 * SECOND

@@ -6,13 +6,13 @@ import logging
 import pytest
 
 from app import create_app
-from keys import parse_key
+from partner.keys import parse_key
 from tests.support import ME, WEBHOOKS, bearer
 
 HOOK_URL = "https://hooks.partner.example/hook"
 # Named explicitly so they are at DEBUG and propagating even before anything has created them.
 LIBRARY_LOGGERS = ("werkzeug", "peewee", "flask_limiter", "limits", "urllib3", "requests",
-                   "apscheduler", "flask.app", "app", "errors")
+                   "apscheduler", "flask.app", "app", "partner.edge.problems")
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ from ipaddress import ip_address, ip_network
 
 import pytest
 
-from ssrf import Target, UnsafeUrl, check_url, is_internal_address, parse_networks, system_resolver
+from partner.outbound.ssrf import Target, UnsafeUrl, check_url, is_internal_address, parse_networks, system_resolver
 
 from tests.support import PUBLIC_IP, StubResolver
 LOOPBACK = parse_networks(["127.0.0.0/8"])

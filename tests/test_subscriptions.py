@@ -2,9 +2,9 @@
 
 import pytest
 
-from keys import create_key
+from partner.keys import create_key
 from models import db
-from subscriptions import create_subscription, list_subscriptions
+from partner.subscriptions import create_subscription, list_subscriptions
 from tests.support import query_plan
 
 

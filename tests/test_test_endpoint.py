@@ -8,11 +8,11 @@ import uuid
 
 import pytest
 
-from keys import parse_key
+from partner.keys import parse_key
 from models import Delivery, Event, Failure, Subscription, db
-from outbox import claim_due, record_attempt
-from retry import RetryPolicy
-from transport import AttemptResult
+from partner.outbox import claim_due, record_attempt
+from partner.retry import RetryPolicy
+from partner.outbound.transport import AttemptResult
 from tests.support import WEBHOOKS, bearer, field_codes
 
 URL = "http://93.184.215.14/hook"

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 import pytest
 
-from ssrf import Target
-from connections import IdleConnections
+from partner.outbound.ssrf import Target
+from partner.outbound.connections import IdleConnections
 from tests.receivers import RawServer, drip_bytes, read_request
-from transport import EXCERPT_BYTES, AttemptResult, Deadline, Transport
+from partner.outbound.transport import EXCERPT_BYTES, AttemptResult, Deadline, Transport
 
 HOOK_HOST = "hooks.example.test"  # .test never resolves: a request that arrives used no DNS
 HEADERS = {

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from keys import parse_key
+from partner.keys import parse_key
 from tests.support import WEBHOOKS, bearer, field_codes, validation_errors
 
 PUBLIC_URL = "http://93.184.215.14/"

@@ -11,7 +11,7 @@ from pathlib import Path
 import yaml
 from flask import Blueprint, Response, abort, send_from_directory
 
-DOCUMENT_PATH = Path(__file__).resolve().parent / "openapi.yaml"
+DOCUMENT_PATH = Path(__file__).resolve().parents[2] / "openapi.yaml"
 
 # The few files of the swagger-ui-py package the page loads; its other assets (the editor) are not served.
 SWAGGER_ASSETS = frozenset({"swagger-ui.css", "swagger-ui-bundle.js", "favicon-32x32.png"})

@@ -5,8 +5,8 @@ import re
 
 from flask import current_app, g, request
 
-from errors import ApiError
-from keys import find_active_key
+from partner.errors import ApiError
+from partner.keys import find_active_key
 
 # `Bearer <key>` with the scheme in any case, or the bare key. Basic (and any other scheme) is refused.
 _BEARER = re.compile(r"(?:bearer[ \t]+)?(\S+)", re.IGNORECASE)

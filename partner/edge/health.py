@@ -1,4 +1,4 @@
-"""The operator's endpoints (CONTRACT §7): liveness, readiness and the Prometheus scrape.
+"""The operator's endpoints: liveness, readiness and the Prometheus scrape.
 
 They need no API key, are never rate limited, and open no pooled connection: the database is
 reached only through backlog.read_backlog, which is bounded in time, so none of them can hang.
@@ -8,29 +8,29 @@ import time
 
 from flask import Blueprint, Flask, current_app, g, request
 
-import metrics
-from backlog import DatabaseUnavailable, read_backlog
-from errors import ApiError
-from timestamps import now_ms
+from partner.operator import metrics
+from partner.backlog import DatabaseUnavailable, read_backlog
+from partner.errors import ApiError
+from partner.timestamps import now_ms
 
 READY_TIMEOUT_SECONDS = 2.0
 
-ops = Blueprint("ops", __name__)
+health = Blueprint("health", __name__)
 
 
-def install_ops(app: Flask) -> None:
+def install_health(app: Flask) -> None:
     """Serve the ops endpoints and count every request of the app in the metrics."""
-    app.register_blueprint(ops)
+    app.register_blueprint(health)
     app.before_request(_start_timer)
     app.after_request(_count_request)
 
 
-@ops.get("/healthz")
+@health.get("/healthz")
 def healthz():
     return {"status": "ok"}
 
 
-@ops.get("/readyz")
+@health.get("/readyz")
 def readyz():
     now = now_ms(current_app.config["CLOCK"])
     try:
@@ -42,7 +42,7 @@ def readyz():
             "deliveries_due": backlog.due, "oldest_due_seconds": backlog.oldest_due_seconds(now)}
 
 
-@ops.get("/metrics")
+@health.get("/metrics")
 def scrape():
     now = now_ms(current_app.config["CLOCK"])
     try:

@@ -7,10 +7,9 @@ import hmac
 import json
 import secrets
 
-from peewee import Tuple
-
-from errors import ValidationError, field_error
-from models import Setting, write_transaction
+from models import Setting
+from partner.database import write_transaction
+from partner.errors import ValidationError, field_error
 
 DEFAULT_LIMIT = 20
 MAX_LIMIT = 100
@@ -40,26 +39,6 @@ def read_page_args(args, key: bytes, scope: str) -> tuple[int, list | None]:
     if errors:
         raise ValidationError(errors)
     return limit, position
-
-
-def keyset_page(query, columns: tuple, position: list | None, limit: int, newest_first: bool):
-    """One page ordered by `columns` after `position`, as rows of field values by name, and the
-    position that follows it (or None). Plain rows: building a peewee model per row cost most of a
-    list request's CPU (bench/api_overhead)."""
-    if position is not None:
-        after = Tuple(*columns) < tuple(position) if newest_first else Tuple(*columns) > tuple(position)
-        query = query.where(after)
-    order = [column.desc() if newest_first else column.asc() for column in columns]
-    rows = list(query.order_by(*order).limit(limit + 1).dicts().iterator())
-    return page_of(rows, limit, [column.name for column in columns])
-
-
-def page_of(rows: list[dict], limit: int, names: list[str]):
-    """Split `limit + 1` rows in keyset order into the page and the position that follows it."""
-    if len(rows) <= limit:
-        return rows, None
-    rows = rows[:limit]
-    return rows, [rows[-1][name] for name in names]
 
 
 def encode_cursor(key: bytes, scope: str, position: list | None) -> str | None:

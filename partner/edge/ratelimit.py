@@ -18,9 +18,9 @@ from flask import Flask
 from flask_limiter import Limiter
 from limits import RateLimitItemPerMinute
 
-from errors import ApiError
-from metrics import RATE_LIMITED
-from outages import Outage
+from partner.errors import ApiError
+from partner.operator.metrics import RATE_LIMITED
+from partner.availability import Outage
 
 log = logging.getLogger(__name__)
 

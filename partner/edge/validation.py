@@ -6,7 +6,7 @@ from typing import Any, Callable
 
 from flask import request
 
-from errors import ApiError, ValidationError, field_error
+from partner.errors import ApiError, ValidationError, field_error
 
 # A check returns None when the value is fine, or (code, message).
 Check = Callable[[Any], tuple[str, str] | None]

@@ -5,6 +5,9 @@ both carry the request id. Access lines name the path only, never the query stri
 header: nothing a client puts in a URL or a header (a key) reaches the log.
 """
 
+import logging
+from urllib.parse import urlsplit
+
 from pythonjsonlogger.json import JsonFormatter
 
 FORMATS = ("text", "json")
@@ -35,7 +38,7 @@ def logging_config(log_format: str, level: str) -> dict:
     else:
         service = {"format": "%(asctime)s [%(process)d] [%(levelname)s] %(name)s: %(message)s"}
         access = {"format": "%(asctime)s %(message)s"}
-    request_ids = {"request_id": {"()": "request_ids.RequestIdFilter"}}
+    request_ids = {"request_id": {"()": "partner.edge.request_ids.RequestIdFilter"}}
     return {
         "version": 1,
         "disable_existing_loggers": False,
@@ -56,3 +59,28 @@ def logging_config(log_format: str, level: str) -> dict:
             "urllib3": {"level": "WARNING"},
         },
     }
+
+
+class RedactQueryParameters(logging.Filter):
+    """peewee logs each query with its parameters at DEBUG, and some parameters are secrets (a
+    subscription's signing secret). Keep the SQL, drop the values."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.msg, tuple) and len(record.msg) == 2:
+            sql, params = record.msg
+            record.msg, record.args = "%s -- %d parameter(s) redacted", (sql, len(params or ()))
+        return True
+
+
+QUERY_LOG_FILTER = RedactQueryParameters()
+
+
+def database_name(url: str) -> str:
+    """PARTNER_DATABASE_URL as a log line may show it: no password, and no query string (libpq
+    takes `?password=` there too)."""
+    shown = url.split("?", 1)[0].split("#", 1)[0]
+    netloc = urlsplit(shown).netloc
+    user_info, at, host = netloc.rpartition("@")
+    if ":" in user_info:
+        shown = shown.replace(netloc, f"{user_info.partition(':')[0]}{at}{host}", 1)
+    return shown

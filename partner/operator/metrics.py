@@ -12,7 +12,7 @@ from prometheus_client import (CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry,
                                disable_created_metrics, generate_latest, multiprocess)
 from prometheus_client.core import GaugeMetricFamily
 
-from backlog import Backlog
+from partner.backlog import Backlog
 
 disable_created_metrics()  # the `_created` twin of every series only doubles the scrape
 

@@ -22,8 +22,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-import outside_text
-from connections import IdleConnections, PartnerConnection, client_tls_context, dial
+from partner import outside_text
+from partner.outbound.connections import IdleConnections, PartnerConnection, client_tls_context, dial
 
 MAX_RESPONSE_BYTES = 65536
 EXCERPT_BYTES = outside_text.EXCERPT_BYTES

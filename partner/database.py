@@ -1,0 +1,124 @@
+"""Database access beside the models: the one write transaction, hand-written SQL of the hot paths,
+keyset pages, and the identifiers rows are stored under."""
+
+import secrets
+import string
+import threading
+from contextlib import contextmanager
+
+from peewee import OperationalError, SqliteDatabase, Tuple
+
+from models import db
+from partner import availability
+
+_ALPHANUMERIC = string.ascii_letters + string.digits
+
+# SQLite allows one writer. Writers of this process queue on this lock instead of in SQLite's busy
+# handler, which sleeps in steps of 1 to 100 ms and starves a busy process; other processes still
+# wait in the busy handler. Re-entrant, so write transactions nest.
+_SQLITE_WRITER = threading.RLock()
+# How long a writer waits for that lock before giving up (503). Unbounded, writers queued behind a
+# database locked from outside held every request thread, and a GET waited ~15 s for a free thread
+# though it needs no lock; in-process writes hold the lock for milliseconds, so this is only reached
+# when the holder itself is stuck in the busy handler.
+WRITER_WAIT_SECONDS = 1.0
+
+
+def random_token(length: int) -> str:
+    return "".join(secrets.choice(_ALPHANUMERIC) for _ in range(length))
+
+
+def new_id(prefix: str) -> str:
+    """A random public identifier such as `wh_3kF9...` (119 bits of randomness)."""
+    return f"{prefix}_{random_token(20)}"
+
+
+def is_sqlite() -> bool:
+    return isinstance(db.obj, SqliteDatabase)
+
+
+@contextmanager
+def write_transaction():
+    """A transaction that writes. On SQLite it takes the write lock up front (BEGIN IMMEDIATE):
+    a deferred transaction that reads and then writes fails instead of waiting when another
+    writer got in between."""
+    if not is_sqlite():
+        with availability.watch_commit(), db.atomic():
+            yield
+        return
+    # The connection first: waiting for a pooled one while holding the writer lock would hold up
+    # every writer of the process, and those writers hold connections.
+    db.connection()
+    if not _SQLITE_WRITER.acquire(timeout=WRITER_WAIT_SECONDS):
+        raise availability.DatabaseBusy(f"another write held the database for over {WRITER_WAIT_SECONDS} s")
+    try:
+        with availability.watch_commit(), db.atomic("IMMEDIATE"):
+            yield
+    except OperationalError as error:
+        raise _rolled_back_cause(error) from None
+    finally:
+        _SQLITE_WRITER.release()
+
+
+def _rolled_back_cause(error: OperationalError) -> BaseException:
+    """The error to report for a failed SQLite transaction. A commit that fails for want of space
+    (or on I/O) is rolled back by SQLite itself; peewee's ROLLBACK after it then fails with "no
+    transaction is active", which would hide the cause (and make a full disk look like a bug)."""
+    cause = error
+    while cause is not None and "no transaction is active" in str(cause):
+        cause = cause.__context__
+    return cause if isinstance(cause, OperationalError) else error
+
+
+def run_sql(template: str, params, ids: int = 0, **parts: str):
+    """Execute a hand-written, portable statement of a hot path: {p} is the driver's placeholder,
+    {ids} a list of `ids` of them, any other {name} a fixed SQL part from `parts`."""
+    p = db.param
+    return db.execute_sql(template.format(p=p, ids=", ".join([p] * ids), **parts), tuple(params))
+
+
+def select_rows(template: str, params, ids: int = 0, **parts: str) -> list[dict]:
+    """run_sql, with each row read by column name (`AS` names it): rows never read by position."""
+    cursor = run_sql(template, params, ids, **parts)
+    names = [column[0] for column in cursor.description]
+    return [dict(zip(names, row)) for row in cursor.fetchall()]
+
+
+def keyset_page(query, columns: tuple, position: list | None, limit: int, newest_first: bool):
+    """One page ordered by `columns` after `position`, as rows of field values by name, and the
+    position that follows it (or None). Plain rows: building a peewee model per row cost most of a
+    list request's CPU (bench/api_overhead)."""
+    if position is not None:
+        after = Tuple(*columns) < tuple(position) if newest_first else Tuple(*columns) > tuple(position)
+        query = query.where(after)
+    order = [column.desc() if newest_first else column.asc() for column in columns]
+    rows = list(query.order_by(*order).limit(limit + 1).dicts().iterator())
+    return page_of(rows, limit, [column.name for column in columns])
+
+
+def page_of(rows: list[dict], limit: int, names: list[str]):
+    """Split `limit + 1` rows in keyset order into the page and the position that follows it."""
+    if len(rows) <= limit:
+        return rows, None
+    rows = rows[:limit]
+    return rows, [rows[-1][name] for name in names]
+
+
+# A committed write that changes nothing a partner sees: the proof that the database takes writes.
+# Beginning a transaction proves nothing: on a full disk SQLite begins one, and fails the commit.
+# Its value must differ each time: SQLite skips writing a row rewritten unchanged.
+WRITE_PROBE = ("INSERT INTO setting (name, value) VALUES ('write_probe', {p}) "
+               "ON CONFLICT (name) DO UPDATE SET value = excluded.value")
+
+
+def write_refusal() -> str | None:
+    """Why the database refuses a committed write now (a disk too full for SQLite's WAL or
+    PostgreSQL's, a lock held past the bound, a server that is down), or None when it takes one."""
+    try:
+        with db.connection_context(), write_transaction():
+            run_sql(WRITE_PROBE, (random_token(16),))
+    except Exception as error:  # noqa: BLE001 - sorted by is_unavailable, the rest re-raised
+        if not availability.is_unavailable(error):
+            raise
+        return availability.describe(error)
+    return None

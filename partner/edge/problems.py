@@ -1,0 +1,87 @@
+"""Every error rendered as RFC 9457 problem+json: the handlers, and the 503 of a database outage."""
+
+import logging
+from http import HTTPStatus
+
+from flask import Flask, Response, json
+from gunicorn.http.errors import ParseException
+from werkzeug.exceptions import HTTPException
+
+from partner.availability import database_failed, is_unavailable
+from partner.errors import ApiError
+
+log = logging.getLogger(__name__)
+
+PROBLEM_JSON = "application/problem+json"
+# The contract's `code` for errors raised by Flask/Werkzeug rather than by us.
+HTTP_CODES = {
+    400: "invalid_json",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "payload_too_large",
+    429: "rate_limited",
+}
+
+# Seconds a client is asked to wait when the database cannot answer: a lock or a restart is usually
+# over by then, and it spaces out retries while an outage lasts.
+RETRY_AFTER_SECONDS = 5
+
+
+def problem(status: int, code: str, detail: str, errors: list[dict] | None = None,
+            response: Response | None = None) -> Response:
+    """Render an RFC 9457 problem; reuse `response` so headers like Allow survive."""
+    body = {"type": "about:blank", "title": HTTPStatus(status).phrase,
+            "status": status, "detail": detail, "code": code}
+    if errors is not None:
+        body["errors"] = errors
+    response = response or Response()
+    response.status_code = status
+    response.set_data(json.dumps(body))
+    response.content_type = PROBLEM_JSON
+    return response
+
+
+def register_error_handlers(app: Flask) -> None:
+    app.register_error_handler(ApiError, _api_error)
+    app.register_error_handler(HTTPException, _http_error)
+    app.register_error_handler(ParseException, _unreadable_body)
+    app.register_error_handler(Exception, _unexpected_error)
+
+
+def _api_error(error: ApiError) -> Response:
+    response = problem(error.status, error.code, error.detail, error.errors)
+    response.headers.update(error.headers)
+    return response
+
+
+def _http_error(error: HTTPException) -> Response:
+    status = error.code or 500
+    code = HTTP_CODES.get(status, "http_error")
+    return problem(status, code, error.description or HTTPStatus(status).phrase,
+                   response=error.get_response())
+
+
+def _unreadable_body(error: ParseException) -> Response:
+    # gunicorn decodes a chunked body while the view reads it: a bad chunk size or a missing CRLF
+    # surfaces here, from inside request.get_data().
+    log.info("unreadable request body: %s", type(error).__name__)
+    return problem(400, "invalid_json", "The request body could not be read (malformed chunked encoding).")
+
+
+def _unexpected_error(error: Exception) -> Response:
+    if is_unavailable(error):
+        return _storage_unavailable(error)
+    # The traceback goes to the server log only; the partner gets a bare 500.
+    log.error("unhandled %s", type(error).__name__, exc_info=error)
+    return problem(500, "internal_error", "An unexpected error occurred.")
+
+
+def _storage_unavailable(error: Exception) -> Response:
+    """503: the database cannot answer or write now. Its transaction was rolled back: nothing changed."""
+    database_failed(error)
+    response = problem(503, "service_unavailable",
+                       "The service cannot reach its database right now; nothing was changed. Retry later.")
+    response.headers["Retry-After"] = str(RETRY_AFTER_SECONDS)
+    return response
