@@ -185,7 +185,10 @@ class Dispatcher:
         finally:
             self._release_slots(1, int(claim.failing))
         if self._free_slots >= self.refill_at and not self._stopping.is_set():
-            self.scan()
+            try:
+                self.scan()
+            except Exception:  # on a pool thread: raised, it would vanish into a Future nobody reads
+                log.exception("delivery scan after an attempt failed")
 
     def _reserve_slots(self) -> tuple[int, int]:
         """Take every free slot, and as many of them as failing subscriptions may still use."""

@@ -83,9 +83,9 @@ def is_unavailable(error: BaseException) -> bool:
     if isinstance(error, MaxConnectionsExceeded):
         return True
     if isinstance(error, InterfaceError):
-        # peewee's own InterfaceError is a programming error; psycopg2's (wrapped by peewee, the
-        # driver's error first among its args) is a connection that closed under us.
-        return bool(error.args) and isinstance(error.args[0], psycopg2.InterfaceError)
+        # peewee's own InterfaceError is a programming error; psycopg2's (wrapped by peewee, which
+        # keeps the driver's as `orig`) is a connection that closed under us.
+        return isinstance(getattr(error, "orig", None), psycopg2.InterfaceError)
     if not isinstance(error, OperationalError):
         return False
     if isinstance(error, DatabaseBusy) or not _is_sqlite():

@@ -26,10 +26,11 @@ DEFAULTS = {
     "LOG_FORMAT": "text",  # applied by gunicorn.conf.py (logs.py); checked here too
     "AUTH_FAILURE_RATE_LIMIT": 60,
     "MAX_CONTENT_LENGTH": 64 * 1024,
-    # Seams for tests: the wall clock (Unix seconds) and the DNS resolver. Never read from the environment.
+    # Seams for tests: the wall clock (Unix seconds) and the DNS resolver (SEAMS).
     "CLOCK": time.time,
     "RESOLVER": ssrf.system_resolver,
 }
+SEAMS = ("CLOCK", "RESOLVER")  # set only through create_app's overrides, never from the environment
 
 _POSITIVE_NUMBERS = ("DELIVERY_TIMEOUT", "DELIVERY_POLL_INTERVAL", "RATELIMIT_STORAGE_TIMEOUT")
 _POSITIVE_INTEGERS = ("DELIVERY_CONCURRENCY", "AUTO_DISABLE_THRESHOLD", "AUTH_FAILURE_RATE_LIMIT",
@@ -40,6 +41,7 @@ def load_config(app: Flask, overrides: dict | None) -> None:
     """Defaults, then PARTNER_* from the environment, then `overrides`; raise ValueError if unusable."""
     app.config.update(DEFAULTS)
     app.config.from_prefixed_env("PARTNER")
+    app.config.update({name: DEFAULTS[name] for name in SEAMS})  # never from the environment
     app.config.update(overrides or {})
     check_config(app.config)
     app.config["ALLOWED_NETWORKS"] = ssrf.parse_networks(app.config["WEBHOOK_ALLOWED_NETWORKS"])

@@ -1,8 +1,11 @@
 """config.py: PARTNER_DELIVERY_CA_BUNDLE is checked at start-up, like every other setting."""
 
+import time
+
 import pytest
 
 from app import create_app
+from partner.outbound import ssrf
 
 
 def test_the_default_trust_store_needs_no_bundle(config):
@@ -25,3 +28,12 @@ def test_a_bundle_without_certificates_stops_start_up(config, tmp_path):
     not_pem.write_text("not a certificate\n")
     with pytest.raises(ValueError, match="PARTNER_DELIVERY_CA_BUNDLE"):
         create_app({**config, "DELIVERY_CA_BUNDLE": str(not_pem)})
+
+
+def test_the_clock_and_the_resolver_are_never_read_from_the_environment(monkeypatch, database_url):
+    """They are seams for tests (create_app's overrides), not settings: PARTNER_CLOCK=1 must not
+    stop time for a service that happens to have it in its environment."""
+    monkeypatch.setenv("PARTNER_CLOCK", "1")
+    monkeypatch.setenv("PARTNER_RESOLVER", '"8.8.8.8"')
+    config = create_app({"DATABASE_URL": database_url}).config
+    assert (config["CLOCK"], config["RESOLVER"]) == (time.time, ssrf.system_resolver)

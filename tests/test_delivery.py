@@ -3,6 +3,7 @@
 import functools
 import gzip
 import json
+import sqlite3
 import threading
 import time
 
@@ -559,3 +560,32 @@ def test_a_hostile_receiver_costs_one_recorded_attempt_and_frees_the_only_slot(
     assert (delivery.state, delivery.attempts) == (Delivery.PENDING, 1)  # not in flight: scheduled
     assert delivery.due_at == failure.next_attempt_at and iso(delivery.due_at) == record["next_attempt_at"]
     assert 60_000 <= failure.next_attempt_at - failure.attempted_at <= 66_000  # the first delay, +10 % at most
+
+
+@pytest.mark.config(SCHEDULER_ENABLED=True, DELIVERY_POLL_INTERVAL=60)
+def test_a_failing_refill_scan_is_logged_not_lost(app, dispatcher, receiver, subscribe, ping, caplog):
+    """The scan a finished attempt runs happens on a delivery thread: its error must reach the log."""
+    database = app.config["DATABASE_URL"].removeprefix("sqlite:///")
+
+    def refuse_further_claims(handler):
+        with sqlite3.connect(database) as connection:  # claims mark rows in flight: refuse that
+            connection.execute("CREATE TRIGGER no_claims BEFORE UPDATE OF state ON delivery "
+                               "WHEN NEW.state = 'in_flight' BEGIN SELECT RAISE(ABORT, 'claims refused'); END")
+        connection.close()
+        handler.send_response(200)
+        handler.send_header("Content-Length", "0")
+        handler.end_headers()
+
+    receiver.script = [refuse_further_claims]
+    subscription = subscribe(receiver.url)
+    assert ping(subscription).status_code == ping(subscription).status_code == 202
+    dispatcher.start()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and not _refill_errors(caplog):
+        time.sleep(0.05)
+    [record] = _refill_errors(caplog)
+    assert "claims refused" in str(record.exc_info[1])
+
+
+def _refill_errors(caplog) -> list:
+    return [r for r in caplog.records if r.name == "delivery" and r.levelname == "ERROR" and r.exc_info]

@@ -6,6 +6,7 @@ import threading
 import time
 
 import pytest
+from peewee import Table
 
 from models import db
 from partner import database
@@ -106,6 +107,24 @@ def test_a_bug_in_sql_is_still_a_500_not_a_503(app):
 
     response = app.test_client().get("/bad-sql")
     assert (response.status_code, response.get_json()["code"]) == (500, "internal_error")
+
+
+@pytest.mark.both_databases
+def test_a_programming_error_of_peewee_is_a_500_and_a_closed_postgresql_connection_a_503(app, backend):
+    @app.get("/unbound-query")
+    def unbound_query():
+        Table("setting").select().execute()  # peewee's InterfaceError: the query has no database
+
+    @app.get("/closed-connection")
+    def closed_connection():
+        db.connection().close()  # as a PostgreSQL restart leaves it
+        db.execute_sql("SELECT 1")
+
+    client = app.test_client()
+    response = client.get("/unbound-query")
+    assert (response.status_code, response.get_json()["code"]) == (500, "internal_error")
+    if backend == "postgresql":
+        assert_unavailable(client.get("/closed-connection"))
 
 
 def test_write_refusal_says_why_a_write_does_not_commit_now(app, locked_from_outside):

@@ -2,15 +2,16 @@
 
 import json
 import socket
+import sqlite3
 import time
 
 import pytest
 from playhouse.db_url import connect
 
 from partner.keys import parse_key
-from tests.gunicorn_server import STOP_SECONDS, Gunicorn
+from tests.gunicorn_server import STOP_SECONDS, Gunicorn, flask
 from tests.receivers import Receiver
-from tests.support import ME, bearer
+from tests.support import ME, PUBLIC_IP, WEBHOOKS, bearer, free_port
 
 
 def test_gunicorn_serves_logs_no_secret_and_stops_cleanly(gunicorn, smoke_key, session):
@@ -132,3 +133,46 @@ def in_flight(database_url: str) -> int:
         return database.execute_sql("SELECT count(*) FROM delivery WHERE state = 'in_flight'").fetchone()[0]
     finally:
         database.close()
+
+
+def commit_from_outside(path: str, sql: str) -> None:
+    """A plain sqlite3 connection, not the service's, commits `sql`."""
+    with sqlite3.connect(path) as connection:
+        connection.execute(sql)
+    connection.close()
+
+
+def test_every_process_sees_a_revocation_or_a_change_from_another_process_at_the_next_request(
+        server_env, smoke_key, tmp_path, session):
+    """Two gunicorns on one database (a worker each), both having read the keys and the page."""
+    servers = [Gunicorn(dict(server_env, PORT=str(free_port())), tmp_path / f"server{n}")
+               for n in range(2)]
+    database_path = server_env["PARTNER_DATABASE_URL"].removeprefix("sqlite:///")
+    other_key = flask(server_env, "keys", "create", "--org", "smoke", "--scope", "webhooks:manage")
+    try:
+        for server in servers:
+            server.wait_until_serving(session)
+
+        def statuses(key) -> set[int]:
+            return {session.get(server.base_url + ME, headers=bearer(key), timeout=5).status_code
+                    for server in servers for _ in range(2)}
+
+        def failures_shown() -> set[int]:
+            return {session.get(server.base_url + WEBHOOKS, headers=bearer(smoke_key), timeout=5)
+                    .json()["data"][0]["consecutive_failures"] for server in servers for _ in range(2)}
+
+        created = session.post(servers[0].base_url + WEBHOOKS, headers=bearer(smoke_key), timeout=5,
+                               json={"url": f"https://{PUBLIC_IP}/hook"})  # never sent anything
+        assert created.status_code == 201
+        assert statuses(smoke_key) == statuses(other_key) == {200}
+        assert failures_shown() == {0}
+        commit_from_outside(database_path, "UPDATE subscription SET consecutive_failures = 7")
+        assert failures_shown() == {7}
+
+        flask(server_env, "keys", "revoke", parse_key(smoke_key)[0])
+        assert statuses(smoke_key) == {401}
+        commit_from_outside(database_path, "UPDATE api_key SET revoked_at = 1")
+        assert statuses(other_key) == {401}
+    finally:
+        for server in servers:
+            assert server.stop() == 0

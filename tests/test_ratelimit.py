@@ -76,6 +76,18 @@ def test_an_unreachable_storage_fails_open(config, issue_key):
     assert response.get_json()["rate_limit_remaining"] == 600
 
 
+def test_lowering_an_organizations_limit_mid_window_never_reports_a_negative_remainder(client, issue_key):
+    key = issue_key(org="shrinking", rate_limit=10)
+    assert [get_me(client, key).status_code for _ in range(5)] == [200] * 5
+    issue_key(org="shrinking", rate_limit=2)  # the operator lowers the organization's limit
+    response = get_me(client, key)
+    # In memory the 5 requests already made count against the new limit: 429, none remaining.
+    # Redis keys a window by its limit too, so there the lowered limit starts a window of its own.
+    remaining = int(response.headers["X-RateLimit-Remaining"])
+    assert (response.status_code, remaining) in ((429, 0), (200, 1))
+    assert response.headers["RateLimit"].startswith(f'"org";r={remaining};')
+
+
 def test_a_local_window_passes_exactly_the_limit_in_any_60_seconds(clock):
     from partner.edge.ratelimit import LocalWindows
     clock.now = 1_000_000  # whole seconds: the window edge is compared exactly

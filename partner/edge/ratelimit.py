@@ -78,7 +78,8 @@ class LocalWindows:
             if allowed:
                 hits.append(now)
             reset_at = (hits[0] if hits else now) + WINDOW_SECONDS
-        return Window(limit, limit - len(hits), reset_at, allowed)
+        # A limit lowered mid-window may already be exceeded: none remain, never fewer.
+        return Window(limit, max(0, limit - len(hits)), reset_at, allowed)
 
     def _sweep(self, now: float) -> None:
         """Forget budgets idle for a whole window, so memory follows the active clients only."""
