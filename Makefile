@@ -4,13 +4,18 @@ VENV := .venv
 BIN := $(VENV)/bin
 PORT ?= 8000
 
-.PHONY: run test bench clean
+.PHONY: run test test-fast bench clean
 
 run: $(VENV)/.installed
 	PORT=$(PORT) $(BIN)/gunicorn wsgi:app
 
 test: $(VENV)/.installed
 	$(BIN)/pytest
+
+# The development loop: everything that needs no server process of its own (PostgreSQL, Redis,
+# gunicorn, a browser). `make test` still runs the whole suite.
+test-fast: $(VENV)/.installed
+	$(BIN)/pytest -m "not servers"
 
 bench: $(VENV)/.installed
 	bash bench/setup.sh

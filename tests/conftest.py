@@ -41,6 +41,19 @@ def pytest_generate_tests(metafunc):
         metafunc.parametrize("backend", BACKENDS, indirect=True)
 
 
+# Fixtures that start a real server process: a test that uses one (or runs on PostgreSQL) is
+# marked `servers`, and `make test-fast` leaves it out.
+SERVER_FIXTURES = {"postgres_server", "own_postgres_server", "redis_server", "server_env", "gunicorn"}
+SERVER_MODULES = {"test_api_live", "test_bench", "test_disk_full"}  # a browser, benches, a tmpfs
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        on_postgresql = getattr(item, "callspec", None) and item.callspec.params.get("backend") == "postgresql"
+        if on_postgresql or SERVER_FIXTURES & set(item.fixturenames) or item.module.__name__.split(".")[-1] in SERVER_MODULES:
+            item.add_marker("servers")
+
+
 @pytest.fixture
 def backend(request):
     """The database behind the test's app: SQLite unless the test is marked both_databases."""
