@@ -11,7 +11,7 @@ from partner.keys import create_key
 from models import db
 from tests.contract import ContractClient
 from tests.receivers import RawServer, Receiver
-from tests.support import PUBLIC_IP, FakeClock, StubResolver, bearer
+from tests.support import PUBLIC_IP, WEBHOOKS, FakeClock, StubResolver, bearer, json_of
 
 ALLOWED_LOOPBACK = ["127.0.0.0/8"]
 
@@ -105,6 +105,34 @@ def api_key(issue_key):
 @pytest.fixture
 def auth(api_key):
     return bearer(api_key)
+
+
+# --- the partner's calls, as the API key `auth` makes them ---------------------------------------
+
+@pytest.fixture
+def subscribe(client, auth):
+    """subscribe(url): create a subscription (201) and return its JSON, secret included."""
+    def subscribe(url: str) -> dict:
+        return json_of(client.post(WEBHOOKS, json={"url": url}, headers=auth), 201)
+    return subscribe
+
+
+@pytest.fixture
+def ping(client, auth):
+    """ping(subscription): POST its test trigger; the response, whatever its status."""
+    def ping(subscription: dict):
+        return client.post(f"{WEBHOOKS}/{subscription['id']}/test",
+                           json={"secret": subscription["secret"]}, headers=auth)
+    return ping
+
+
+@pytest.fixture
+def failures(client, auth):
+    """failures(subscription, limit=..., cursor=...): its failures audit page (200) as JSON."""
+    def failures(subscription: dict, **query) -> dict:
+        return json_of(client.get(f"{WEBHOOKS}/{subscription['id']}/failures", query_string=query,
+                                  headers=auth), 200)
+    return failures
 
 
 # --- TLS: a throwaway CA, partners' certificates, and the bundle that trusts them -----------------

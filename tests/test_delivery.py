@@ -43,29 +43,6 @@ def dispatcher(app):
 
 
 @pytest.fixture
-def subscribe(client, auth):
-    def subscribe(url: str) -> dict:
-        return json_of(client.post(WEBHOOKS, json={"url": url}, headers=auth), 201)
-    return subscribe
-
-
-@pytest.fixture
-def ping(client, auth):
-    def ping(subscription: dict):
-        return client.post(f"{WEBHOOKS}/{subscription['id']}/test",
-                           json={"secret": subscription["secret"]}, headers=auth)
-    return ping
-
-
-@pytest.fixture
-def failures(client, auth):
-    def failures(subscription: dict, **query) -> dict:
-        return json_of(client.get(f"{WEBHOOKS}/{subscription['id']}/failures", query_string=query,
-                                  headers=auth), 200)
-    return failures
-
-
-@pytest.fixture
 def failed_attempt(dispatcher, ping, failures):
     def failed_attempt(subscription: dict) -> dict:
         """Ping, make the attempt, and return its failure record (the only one)."""

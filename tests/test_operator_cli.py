@@ -3,7 +3,7 @@ app and CLI, with real receivers on 127.0.0.1 and the queue stepped with run_due
 
 import pytest
 
-from tests.support import WEBHOOKS
+from tests.support import WEBHOOKS, json_of
 
 
 
@@ -22,27 +22,9 @@ def flask_cli(app):
 
 
 @pytest.fixture
-def receiver(start_receiver):
+def recovering_receiver(start_receiver):
+    """Fails twice (500), then answers 200."""
     return start_receiver(script=[500, 500, 200])
-
-
-@pytest.fixture
-def subscribe(client, auth):
-    def subscribe(url: str) -> dict:
-        response = client.post(WEBHOOKS, json={"url": url}, headers=auth)
-        assert response.status_code == 201
-        return response.get_json()
-    return subscribe
-
-
-@pytest.fixture
-def ping(client, auth):
-    def ping(subscription: dict) -> str:
-        response = client.post(f"{WEBHOOKS}/{subscription['id']}/test",
-                               json={"secret": subscription["secret"]}, headers=auth)
-        assert response.status_code == 202
-        return response.get_json()["id"]
-    return ping
 
 
 @pytest.fixture
@@ -51,10 +33,10 @@ def run_due(app):
 
 
 @pytest.fixture
-def disabled(subscribe, ping, run_due, receiver):
-    """A subscription auto-disabled by two failed events, now dead letters; its receiver now says 200."""
-    subscription = subscribe(receiver.url)
-    subscription["events"] = [ping(subscription), ping(subscription)]
+def disabled(subscribe, ping, run_due, recovering_receiver):
+    """A subscription auto-disabled by two failed events, now dead letters; its recovering_receiver now says 200."""
+    subscription = subscribe(recovering_receiver.url)
+    subscription["events"] = [queued_event(ping, subscription), queued_event(ping, subscription)]
     assert run_due() == 2
     return subscription
 
@@ -87,14 +69,14 @@ def test_webhooks_list_filters(flask_cli, disabled, subscribe, issue_key, client
         {disabled["id"], healthy["id"]}
 
 
-def test_enable_restores_the_subscription_and_resends_nothing(flask_cli, disabled, run_due, receiver,
+def test_enable_restores_the_subscription_and_resends_nothing(flask_cli, disabled, run_due, recovering_receiver,
                                                               client, auth):
     result = flask_cli("webhooks", "enable", disabled["id"])
     assert result.exit_code == 0 and disabled["id"] in result.output
     listed = client.get(WEBHOOKS, headers=auth).get_json()["data"]
     state = next(s for s in listed if s["id"] == disabled["id"])
     assert (state["active"], state["auto_disabled_at"], state["consecutive_failures"]) == (True, None, 0)
-    assert run_due() == 0 and len(receiver.received) == 2
+    assert run_due() == 0 and len(recovering_receiver.received) == 2
 
 
 def test_enable_of_an_unknown_id_exits_1_naming_it(flask_cli):
@@ -102,22 +84,22 @@ def test_enable_of_an_unknown_id_exits_1_naming_it(flask_cli):
     assert result.exit_code == 1 and "wh_nosuchsubscription0" in result.output
 
 
-def test_replay_is_refused_while_the_subscription_is_disabled(flask_cli, disabled, run_due, receiver):
+def test_replay_is_refused_while_the_subscription_is_disabled(flask_cli, disabled, run_due, recovering_receiver):
     result = flask_cli("deliveries", "replay", "--subscription", disabled["id"])
     assert result.exit_code == 1 and "disabled" in result.output and disabled["id"] in result.output
-    assert run_due() == 0 and len(receiver.received) == 2
+    assert run_due() == 0 and len(recovering_receiver.received) == 2
     states = [row[2] for row in rows(flask_cli("deliveries", "list", "--subscription", disabled["id"]))[1:]]
     assert states == ["dead", "dead"]
 
 
 def test_enable_then_replay_delivers_each_dead_letter_once_more_same_id_and_bytes(
-        flask_cli, disabled, run_due, receiver):
+        flask_cli, disabled, run_due, recovering_receiver):
     assert flask_cli("webhooks", "enable", disabled["id"]).exit_code == 0
     result = flask_cli("deliveries", "replay", "--subscription", disabled["id"])
     assert result.exit_code == 0 and "Queued 2 " in result.output
     assert run_due() == 2
     assert run_due() == 0
-    first, replayed = receiver.received[:2], receiver.received[2:]
+    first, replayed = recovering_receiver.received[:2], recovering_receiver.received[2:]
     assert len(replayed) == 2
     assert sorted(r.headers["X-VC-Event-Id"] for r in replayed) == sorted(disabled["events"])
     assert {r.headers["X-VC-Event-Id"]: r.body for r in replayed} == \
@@ -127,12 +109,12 @@ def test_enable_then_replay_delivers_each_dead_letter_once_more_same_id_and_byte
     assert [row[2:4] for row in listed] == [["delivered", "1"], ["delivered", "1"]]
 
 
-def test_replay_of_one_event_or_since_a_time(flask_cli, disabled, run_due, receiver, clock):
+def test_replay_of_one_event_or_since_a_time(flask_cli, disabled, run_due, recovering_receiver, clock):
     flask_cli("webhooks", "enable", disabled["id"])
     one = disabled["events"][0]
     assert "Queued 1 " in flask_cli("deliveries", "replay", "--subscription", disabled["id"],
                                     "--event", one).output
-    assert run_due() == 1 and receiver.received[-1].headers["X-VC-Event-Id"] == one
+    assert run_due() == 1 and recovering_receiver.received[-1].headers["X-VC-Event-Id"] == one
     later = "2100-01-01T00:00:00Z"
     assert "Queued 0 " in flask_cli("deliveries", "replay", "--subscription", disabled["id"],
                                     "--since", later).output
@@ -154,7 +136,7 @@ def test_deliveries_list_filters_by_state_and_limits(flask_cli, disabled, subscr
     assert listed[0][5].endswith("Z")  # when its last attempt ended
     assert rows(flask_cli("deliveries", "list", "--subscription", disabled["id"], "--state", "pending"))[1:] == []
     queued = subscribe("https://hooks.partner.example/in")
-    event = ping(queued)
+    event = queued_event(ping, queued)
     pending = rows(flask_cli("deliveries", "list", "--subscription", queued["id"]))[1:]
     assert [row[:4] for row in pending] == [[event, "vc.test.ping", "pending", "0"]]
 
@@ -163,3 +145,8 @@ def test_deliveries_list_filters_by_state_and_limits(flask_cli, disabled, subscr
 def test_deliveries_of_an_unknown_subscription_exit_1_naming_it(flask_cli, command):
     result = flask_cli(*command, "--subscription", "wh_nosuchsubscription0")
     assert result.exit_code == 1 and "wh_nosuchsubscription0" in result.output
+
+
+def queued_event(ping, subscription: dict) -> str:
+    """Ping the subscription and return the queued event's id."""
+    return json_of(ping(subscription), 202)["id"]

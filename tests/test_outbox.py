@@ -55,7 +55,7 @@ def delivery(event_id: str) -> Delivery:
     return Delivery.get_by_id(event_id)
 
 
-def ping(subscription, at: int = NOW) -> Event:
+def enqueue_ping(subscription, at: int = NOW) -> Event:
     return enqueue_test_ping(subscription, "KEYID", at)
 
 
@@ -92,7 +92,7 @@ def count(model, subscription) -> int:
 # --- enqueue ----------------------------------------------------------------------------------
 
 def test_a_ping_is_one_event_and_one_pending_delivery_due_now(subscription):
-    event = ping(subscription)
+    event = enqueue_ping(subscription)
     assert [(e.id, e.subscription_id, e.kind, e.created_at) for e in Event.select()] == \
         [(event.id, subscription.id, "vc.test.ping", NOW)]
     assert [(d.event_id, d.state, d.attempts, d.due_at, d.lease_token) for d in Delivery.select()] == \
@@ -100,7 +100,7 @@ def test_a_ping_is_one_event_and_one_pending_delivery_due_now(subscription):
 
 
 def test_the_body_is_the_compact_envelope(subscription):
-    body = bytes(ping(subscription).body)
+    body = bytes(enqueue_ping(subscription).body)
     envelope = json.loads(body)
     assert body == json.dumps(envelope, separators=(",", ":"), ensure_ascii=False).encode()
     assert list(envelope) == ["event", "id", "subscription_id", "occurred_at", "data"]
@@ -111,7 +111,7 @@ def test_the_body_is_the_compact_envelope(subscription):
 
 
 def test_the_event_id_is_evt_and_a_uuid4(subscription):
-    event = ping(subscription)
+    event = enqueue_ping(subscription)
     assert event.id.startswith("evt_")
     assert str(uuid.UUID(event.id.removeprefix("evt_"), version=4)) == event.id.removeprefix("evt_")
     assert json.loads(bytes(event.body))["id"] == event.id
@@ -124,11 +124,11 @@ def test_the_event_id_is_evt_and_a_uuid4(subscription):
     (1_800_000_059_999, "2027-01-15T08:00:59.999Z"),
 ])
 def test_occurred_at_is_the_given_time_in_rfc3339_milliseconds(subscription, now, occurred_at):
-    assert json.loads(bytes(ping(subscription, now).body))["occurred_at"] == occurred_at
+    assert json.loads(bytes(enqueue_ping(subscription, now).body))["occurred_at"] == occurred_at
 
 
 def test_every_ping_is_a_new_event(subscription):
-    ids = {ping(subscription).id for _ in range(5)}
+    ids = {enqueue_ping(subscription).id for _ in range(5)}
     assert len(ids) == 5
     assert Delivery.select().count() == 5
 
@@ -136,13 +136,13 @@ def test_every_ping_is_a_new_event(subscription):
 # --- claim ------------------------------------------------------------------------------------
 
 def test_nothing_is_claimed_before_it_is_due(subscription):
-    ping(subscription, NOW + 5000)
+    enqueue_ping(subscription, NOW + 5000)
     assert claim_due(NOW + 4999, 10, LEASE) == []
     assert delivery(Event.get().id).state == "pending"
 
 
 def test_a_due_delivery_is_claimed_with_all_it_needs(subscription):
-    event = ping(subscription)
+    event = enqueue_ping(subscription)
     [claim] = claim_due(NOW, 10, LEASE)
     assert (claim.event_id, claim.kind, claim.body, claim.attempt, claim.subscription_id, claim.url,
             claim.secret) == (event.id, "vc.test.ping", bytes(event.body), 1, subscription.id, URL,
@@ -153,19 +153,19 @@ def test_a_due_delivery_is_claimed_with_all_it_needs(subscription):
 
 
 def test_a_late_claim_still_takes_an_overdue_delivery(subscription):
-    event = ping(subscription)
+    event = enqueue_ping(subscription)
     assert [c.event_id for c in claim_due(NOW + 86_400_000, 10, LEASE)] == [event.id]
 
 
 def test_a_claimed_delivery_is_not_claimed_again_while_leased(subscription):
-    ping(subscription)
+    enqueue_ping(subscription)
     claim_one()
     assert claim_due(NOW, 10, LEASE) == []
     assert claim_due(NOW + LEASE - 1, 10, LEASE) == []
 
 
 def test_an_expired_lease_is_claimed_again_with_the_same_event_and_attempt(subscription):
-    event = ping(subscription)
+    event = enqueue_ping(subscription)
     crashed = claim_one()
     [retaken] = claim_due(NOW + LEASE, 10, LEASE)
     assert (retaken.event_id, retaken.attempt, retaken.body) == (event.id, 1, crashed.body)
@@ -181,12 +181,12 @@ def subscriptions_of(subscription, count: int) -> list:
 
 def test_claims_take_the_earliest_due_first(subscription):
     first, second, third = subscriptions_of(subscription, 3)
-    late, early, middle = ping(first, NOW + 2), ping(second, NOW), ping(third, NOW + 1)
+    late, early, middle = enqueue_ping(first, NOW + 2), enqueue_ping(second, NOW), enqueue_ping(third, NOW + 1)
     assert [claim_one(NOW + 10).event_id for _ in range(3)] == [early.id, middle.id, late.id]
 
 
 def test_claims_are_limited_to_the_earliest_due(subscription):
-    events = [ping(each, NOW + offset)
+    events = [enqueue_ping(each, NOW + offset)
               for each, offset in zip(subscriptions_of(subscription, 5), (5, 3, 1, 4, 2))]
     claimed = {claim.event_id for claim in claim_due(NOW + 10, 2, LEASE)}
     assert claimed == {events[2].id, events[4].id}
@@ -194,20 +194,20 @@ def test_claims_are_limited_to_the_earliest_due(subscription):
 
 
 def test_a_subscription_has_at_most_one_delivery_in_flight(subscription):
-    oldest, newer = ping(subscription, NOW), ping(subscription, NOW + 1)
+    oldest, newer = enqueue_ping(subscription, NOW), enqueue_ping(subscription, NOW + 1)
     assert [claim.event_id for claim in claim_due(NOW + 10, 10, LEASE)] == [oldest.id]
     assert claim_due(NOW + 10, 10, LEASE) == []
     assert delivery(newer.id).state == "pending"
 
 
 def test_the_next_delivery_of_a_subscription_is_claimed_once_the_first_finishes(subscription):
-    _, newer = ping(subscription, NOW), ping(subscription, NOW + 1)
+    _, newer = enqueue_ping(subscription, NOW), enqueue_ping(subscription, NOW + 1)
     succeed(claim_one(NOW + 10))
     assert claim_one(NOW + 10).event_id == newer.id
 
 
 def test_an_expired_lease_frees_the_subscription(subscription):
-    _, newer = ping(subscription, NOW), ping(subscription, NOW + 1)  # the first one crashes
+    _, newer = enqueue_ping(subscription, NOW), enqueue_ping(subscription, NOW + 1)  # the first one crashes
     claim_one(NOW + 10)  # its attempt's process dies; its lease runs to NOW + 10 + LEASE
     later = NOW + 10 + LEASE + 1
     assert claim_one(later).event_id == newer.id  # due earlier than the lease expiry
@@ -216,7 +216,7 @@ def test_an_expired_lease_frees_the_subscription(subscription):
 
 def test_a_claim_says_whether_the_subscriptions_last_attempt_failed(subscription, other_subscription):
     fail_streak(subscription, 1)
-    ping(subscription), ping(other_subscription)
+    enqueue_ping(subscription), enqueue_ping(other_subscription)
     assert {claim.subscription_id: claim.failing for claim in claim_due(NOW, 10, LEASE)} == {
         subscription.id: True, other_subscription.id: False}
 
@@ -225,9 +225,9 @@ def test_failing_subscriptions_get_at_most_their_limit_and_healthy_ones_the_rest
     failing_ones, healthy_ones = subscriptions_of(subscription, 3), subscriptions_of(subscription, 3)[1:]
     for each in failing_ones:
         fail_streak(each, 2)
-        ping(each, NOW)  # due before every healthy one
+        enqueue_ping(each, NOW)  # due before every healthy one
     for each in healthy_ones:
-        ping(each, NOW + 1)
+        enqueue_ping(each, NOW + 1)
     claims = claim_due(NOW + 10, 4, LEASE, failing_limit=1)
     assert sorted(claim.failing for claim in claims) == [False, False, True]
     assert Delivery.select().where(Delivery.state == "pending").count() == 2  # the other failing ones
@@ -235,7 +235,7 @@ def test_failing_subscriptions_get_at_most_their_limit_and_healthy_ones_the_rest
 
 def test_no_failing_subscription_is_claimed_when_their_limit_is_spent(subscription, other_subscription):
     fail_streak(subscription, 1)
-    ping(subscription, NOW), ping(other_subscription, NOW + 1)
+    enqueue_ping(subscription, NOW), enqueue_ping(other_subscription, NOW + 1)
     assert [claim.subscription_id for claim in claim_due(NOW + 10, 10, LEASE, failing_limit=0)] == [
         other_subscription.id]
     assert claim_one(NOW + 10).subscription_id == subscription.id  # without a limit, it goes
@@ -243,13 +243,13 @@ def test_no_failing_subscription_is_claimed_when_their_limit_is_spent(subscripti
 
 @pytest.mark.parametrize("limit", [0, -1])
 def test_a_limit_below_one_claims_nothing(subscription, limit):
-    ping(subscription)
+    enqueue_ping(subscription)
     assert claim_due(NOW, limit, LEASE) == []
     assert delivery(Event.get().id).state == "pending"
 
 
 def test_finished_deliveries_are_never_claimed(subscription):
-    delivered, dead = ping(subscription), ping(subscription)
+    delivered, dead = enqueue_ping(subscription), enqueue_ping(subscription)
     succeed(claim_due(NOW, 1, LEASE)[0])
     fail(claim_one(), policy=LAST)
     assert {delivery(delivered.id).state, delivery(dead.id).state} == {"delivered", "dead"}
@@ -259,7 +259,7 @@ def test_finished_deliveries_are_never_claimed(subscription):
 # --- success ----------------------------------------------------------------------------------
 
 def test_success_marks_the_delivery_delivered(subscription):
-    event = ping(subscription)
+    event = enqueue_ping(subscription)
     assert succeed(claim_one()).recorded
     row = delivery(event.id)
     assert (row.state, row.attempts, row.due_at, row.lease_token) == ("delivered", 1, None, None)
@@ -267,7 +267,7 @@ def test_success_marks_the_delivery_delivered(subscription):
 
 
 def test_success_resets_consecutive_failures(subscription):
-    ping(subscription)
+    enqueue_ping(subscription)
     fail_streak(subscription, 7)
     succeed(claim_one())
     assert reload(subscription).consecutive_failures == 0
@@ -276,7 +276,7 @@ def test_success_resets_consecutive_failures(subscription):
 # --- failure ----------------------------------------------------------------------------------
 
 def test_a_failure_is_audited_with_its_fields(subscription):
-    event = ping(subscription)
+    event = enqueue_ping(subscription)
     claim = claim_one()
     result = AttemptResult(False, 503, "http_status", "busy", 1234)
     assert fail(claim, result, at=NOW + 10) == Recorded(True, NOW + 61_244)
@@ -288,19 +288,19 @@ def test_a_failure_is_audited_with_its_fields(subscription):
 
 
 def test_a_failure_without_a_response_has_no_http_status(subscription):
-    ping(subscription)
+    enqueue_ping(subscription)
     fail(claim_one(), failed(http_status=None, error="timeout", excerpt=""))
     assert (Failure.get().http_status, Failure.get().error) == (None, "timeout")
 
 
 def test_a_failure_counts_against_the_subscription(subscription):
-    ping(subscription)
+    enqueue_ping(subscription)
     fail(claim_one())
     assert reload(subscription).consecutive_failures == 1
 
 
 def test_a_failure_with_a_next_attempt_waits_for_it(subscription):
-    event = ping(subscription)
+    event = enqueue_ping(subscription)
     fail(claim_one())
     row = delivery(event.id)
     assert (row.state, row.attempts, row.due_at, row.lease_token) == ("pending", 1, NOW + 60_041, None)
@@ -310,7 +310,7 @@ def test_a_failure_with_a_next_attempt_waits_for_it(subscription):
 
 
 def test_a_failure_without_a_next_attempt_is_dead_lettered(subscription):
-    event = ping(subscription)
+    event = enqueue_ping(subscription)
     assert fail(claim_one(), policy=LAST) == Recorded(True, None, dead_lettered=True)
     row = delivery(event.id)
     assert (row.state, row.attempts, row.due_at, row.lease_token) == ("dead", 1, None, None)
@@ -319,7 +319,7 @@ def test_a_failure_without_a_next_attempt_is_dead_lettered(subscription):
 
 
 def test_attempt_numbers_follow_the_recorded_attempts(subscription):
-    ping(subscription)
+    enqueue_ping(subscription)
     now = NOW
     for attempt in range(1, 4):
         claim = claim_one(now)
@@ -330,7 +330,7 @@ def test_attempt_numbers_follow_the_recorded_attempts(subscription):
 
 
 def test_one_short_of_the_threshold_stays_active(subscription):
-    ping(subscription)
+    enqueue_ping(subscription)
     fail_streak(subscription, THRESHOLD - 2)
     fail(claim_one())
     state = reload(subscription)
@@ -338,7 +338,7 @@ def test_one_short_of_the_threshold_stays_active(subscription):
 
 
 def test_reaching_the_threshold_auto_disables_at_the_finish_time(subscription):
-    event = ping(subscription)
+    event = enqueue_ping(subscription)
     fail_streak(subscription, THRESHOLD - 1)
     assert fail(claim_one(), at=NOW + 5) == Recorded(True, None, dead_lettered=True, auto_disabled=True)
     state = reload(subscription)
@@ -349,9 +349,9 @@ def test_reaching_the_threshold_auto_disables_at_the_finish_time(subscription):
 
 
 def test_auto_disable_dead_letters_the_other_pending_deliveries(subscription, other_subscription):
-    failing = ping(subscription)
-    waiting = [ping(subscription, NOW + offset) for offset in (1, 60_000, 86_400_000)]
-    elsewhere = ping(other_subscription, NOW + 1)
+    failing = enqueue_ping(subscription)
+    waiting = [enqueue_ping(subscription, NOW + offset) for offset in (1, 60_000, 86_400_000)]
+    elsewhere = enqueue_ping(other_subscription, NOW + 1)
     fail_streak(subscription, THRESHOLD - 1)
     fail(claim_one())
     assert [(delivery(e.id).state, delivery(e.id).due_at) for e in [failing, *waiting]] == [("dead", None)] * 4
@@ -360,7 +360,7 @@ def test_auto_disable_dead_letters_the_other_pending_deliveries(subscription, ot
 
 
 def test_a_failure_finishing_after_the_auto_disable_is_dead_lettered(subscription):
-    ping(subscription)
+    enqueue_ping(subscription)
     fail_streak(subscription, THRESHOLD - 1)
     stale = claim_one(NOW + 1)  # stuck past its lease, then taken over
     disabling = claim_one(NOW + 1 + LEASE + 1)
@@ -372,7 +372,7 @@ def test_a_failure_finishing_after_the_auto_disable_is_dead_lettered(subscriptio
 
 
 def test_a_failure_on_a_disabled_subscription_is_dead_lettered(subscription):
-    event = ping(subscription)
+    event = enqueue_ping(subscription)
     claim = claim_one()
     Subscription.update(active=False, auto_disabled_at=NOW - 1).where(Subscription.id == subscription.id).execute()
     assert fail(claim) == Recorded(True, None, dead_lettered=True)
@@ -381,8 +381,8 @@ def test_a_failure_on_a_disabled_subscription_is_dead_lettered(subscription):
 
 
 def test_a_crashed_attempt_is_not_resent_after_the_subscription_is_auto_disabled(subscription):
-    ping(subscription)
-    crashed = ping(subscription, NOW + 1)
+    enqueue_ping(subscription)
+    crashed = enqueue_ping(subscription, NOW + 1)
     (Delivery.update(state=Delivery.IN_FLIGHT, due_at=NOW - 1, lease_token="died-long-ago")
      .where(Delivery.event == crashed.id).execute())
     fail_streak(subscription, THRESHOLD - 1)
@@ -398,7 +398,7 @@ def test_a_ping_racing_an_auto_disable_is_never_sent(app, subscription):
     for it is left to claim, and every ping either was refused (409) or was dead-lettered."""
     org = subscription.organization
     fail_streak(subscription, THRESHOLD - 1)
-    ping(subscription)
+    enqueue_ping(subscription)
     failing = claim_one()
     outcomes = []
 
@@ -423,7 +423,7 @@ def test_a_ping_racing_an_auto_disable_is_never_sent(app, subscription):
 
 
 def test_a_delivery_left_for_a_disabled_subscription_is_dead_lettered_not_claimed(subscription):
-    event = ping(subscription)
+    event = enqueue_ping(subscription)
     Subscription.update(active=False, auto_disabled_at=NOW).where(Subscription.id == subscription.id).execute()
     assert claim_due(NOW + 10, 10, LEASE) == []
     assert (delivery(event.id).state, delivery(event.id).lease_token) == ("dead", None)
@@ -432,7 +432,7 @@ def test_a_delivery_left_for_a_disabled_subscription_is_dead_lettered_not_claime
 # --- lost leases --------------------------------------------------------------------------------
 
 def test_a_stale_failure_records_nothing(subscription):
-    event = ping(subscription)
+    event = enqueue_ping(subscription)
     stale = claim_one()
     current = claim_one(NOW + LEASE)
     assert fail(stale) == NOT_RECORDED
@@ -443,7 +443,7 @@ def test_a_stale_failure_records_nothing(subscription):
 
 
 def test_a_stale_failure_at_the_threshold_does_not_disable(subscription):
-    ping(subscription)
+    enqueue_ping(subscription)
     fail_streak(subscription, THRESHOLD - 1)
     stale = claim_one()
     claim_one(NOW + LEASE)
@@ -452,7 +452,7 @@ def test_a_stale_failure_at_the_threshold_does_not_disable(subscription):
 
 
 def test_a_stale_success_records_nothing(subscription):
-    event = ping(subscription)
+    event = enqueue_ping(subscription)
     stale = claim_one()
     current = claim_one(NOW + LEASE)
     fail_streak(subscription, 3)
@@ -462,7 +462,7 @@ def test_a_stale_success_records_nothing(subscription):
 
 
 def test_the_current_claim_still_finishes_after_a_stale_one_tried(subscription):
-    event = ping(subscription)
+    event = enqueue_ping(subscription)
     stale = claim_one()
     current = claim_one(NOW + LEASE)
     fail(stale)
@@ -471,7 +471,7 @@ def test_the_current_claim_still_finishes_after_a_stale_one_tried(subscription):
 
 
 def test_a_finish_after_the_subscription_was_deleted_records_nothing(subscription):
-    ping(subscription)
+    enqueue_ping(subscription)
     claim = claim_one()
     delete_subscription(subscription)
     assert fail(claim) == NOT_RECORDED
@@ -484,7 +484,7 @@ def test_a_finish_after_the_subscription_was_deleted_records_nothing(subscriptio
 def test_deleting_a_subscription_deletes_its_events_deliveries_and_failures(subscription, other_subscription):
     for target, first_due in ((subscription, NOW), (other_subscription, NOW + 10)):
         for offset in range(3):
-            ping(target, first_due + offset)
+            enqueue_ping(target, first_due + offset)
     for _ in range(2):  # per subscription, in due order: one retry pending, one dead, one in flight
         fail(claim_one(NOW + 20))
         fail(claim_one(NOW + 20), policy=LAST)
@@ -504,7 +504,7 @@ def test_deleting_a_subscription_deletes_its_events_deliveries_and_failures(subs
 @pytest.mark.parametrize("failing_limit", [None, 0, 1])
 def test_the_claim_uses_the_partial_due_index(database, subscription, failing_limit):
     for offset in range(3):
-        ping(subscription, NOW + offset)
+        enqueue_ping(subscription, NOW + offset)
     plan = query_plan(database, lambda: claim_due(NOW + 10, 2, LEASE, failing_limit))
     assert "USING INDEX delivery_due_at" in plan
     assert "TEMP B-TREE" not in plan  # due order comes from the index, not from a sort
@@ -512,7 +512,7 @@ def test_the_claim_uses_the_partial_due_index(database, subscription, failing_li
 
 @pytest.mark.parametrize("position", [None, [NOW + 5, "fail_zzzzzzzzzzzzzzzzzzzz"]], ids=["first", "next"])
 def test_the_failures_page_uses_its_keyset_index(database, subscription, position):
-    ping(subscription)
+    enqueue_ping(subscription)
     fail(claim_one())
     plan = query_plan(database, lambda: failures_page(subscription, position, 20))
     assert "failure_subscription_id_attempted_at_id" in plan

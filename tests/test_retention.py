@@ -35,12 +35,12 @@ def history(app, client, auth, clock, receivers):
     """Events of every state, created 31 days ago ("old") and now ("new"); returns their ids."""
     dispatcher = app.extensions["delivery"]
 
-    def subscribe(receiver):
+    def pinger(receiver):
         response = client.post(WEBHOOKS, json={"url": receiver.url}, headers=auth).get_json()
         return lambda: client.post(f"{WEBHOOKS}/{response['id']}/test",
                                    json={"secret": response["secret"]}, headers=auth).get_json()["id"]
 
-    ok, failing = (subscribe(receiver) for receiver in receivers)
+    ok, failing = (pinger(receiver) for receiver in receivers)
     now = clock.now
     ids = {"new_delivered": ok(), "new_dead": failing()}
     dispatcher.run_due()

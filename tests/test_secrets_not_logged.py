@@ -37,7 +37,8 @@ def config(config):
 
 
 @pytest.fixture
-def receiver(start_receiver):
+def recovering_receiver(start_receiver):
+    """Fails once (500), then answers 200."""
     return start_receiver(script=[500, 200])
 
 
@@ -59,8 +60,8 @@ def flask_keys(app):
 
 
 @pytest.fixture
-def scenario_tools(receiver, app, clock):
-    return receiver, app.extensions["delivery"], clock
+def scenario_tools(recovering_receiver, app, clock):
+    return recovering_receiver, app.extensions["delivery"], clock
 
 
 def last_line(result) -> str:
@@ -85,7 +86,7 @@ def leaks(texts, secrets) -> list[str]:
                    if fragment in text})
 
 
-def exercise_every_path(client, flask_keys, receiver, dispatcher, clock) -> dict:
+def exercise_every_path(client, flask_keys, recovering_receiver, dispatcher, clock) -> dict:
     """Issue keys through the CLI and send them down every success and error path we have."""
     key = last_line(flask_keys("create", "--org", "acme", "--scope", "webhooks:manage"))
     slow = last_line(flask_keys("create", "--org", "slow", "--rate-limit", "2"))
@@ -131,7 +132,7 @@ def exercise_every_path(client, flask_keys, receiver, dispatcher, clock) -> dict
     send("GET", WEBHOOKS, 422, headers=bearer(key), query_string={"limit": key})
 
     # Webhooks: the whsec_ secret exists in the create response only.
-    created = send("POST", WEBHOOKS, 201, headers=bearer(key), json={"url": receiver.url, "description": "d"})
+    created = send("POST", WEBHOOKS, 201, headers=bearer(key), json={"url": recovering_receiver.url, "description": "d"})
     hook = created.get_json()
     doomed_created = send("POST", WEBHOOKS, 201, headers=bearer(key), json={"url": HOOK_URL})
     doomed = doomed_created.get_json()
@@ -146,7 +147,7 @@ def exercise_every_path(client, flask_keys, receiver, dispatcher, clock) -> dict
     assert dispatcher.run_due() == 1
     clock.advance(3600)
     assert dispatcher.run_due() == 1
-    assert [r.headers["X-VC-Attempt"] for r in receiver.received] == ["1", "2"]
+    assert [r.headers["X-VC-Attempt"] for r in recovering_receiver.received] == ["1", "2"]
     send("GET", f"{WEBHOOKS}/{hook['id']}/failures", 200, headers=bearer(key))
     send("DELETE", f"{WEBHOOKS}/{doomed['id']}", 204, headers=bearer(key))
 

@@ -31,11 +31,11 @@ def trigger(client, headers, subscription_id: str, body=None, **kwargs):
     return client.post(f"{WEBHOOKS}/{subscription_id}/test", json=body, headers=headers, **kwargs)
 
 
-def ping(client, headers, subscription: dict):
+def ping_as(client, headers, subscription: dict):
     return trigger(client, headers, subscription["id"], {"secret": subscription["secret"]})
 
 
-def failures(client, headers, subscription_id: str, **query):
+def failures_as(client, headers, subscription_id: str, **query):
     return client.get(f"{WEBHOOKS}/{subscription_id}/failures", query_string=query, headers=headers)
 
 
@@ -61,7 +61,7 @@ NOT_FOUND = problem(404, "Not Found", "not_found", "No such subscription.")
 # --- the test trigger: accepted --------------------------------------------------------------------
 
 def test_a_ping_is_accepted_with_its_event_id(client, auth, subscription):
-    response = ping(client, auth, subscription)
+    response = ping_as(client, auth, subscription)
     assert response.status_code == 202
     assert response.content_type == "application/json"
     body = response.get_json()
@@ -72,13 +72,13 @@ def test_a_ping_is_accepted_with_its_event_id(client, auth, subscription):
 
 
 def test_a_ping_queues_one_delivery_due_now(app, client, auth, subscription):
-    event_id = ping(client, auth, subscription).get_json()["id"]
+    event_id = ping_as(client, auth, subscription).get_json()["id"]
     assert queued(app) == [(event_id, subscription["id"], "pending", START_MS, 0)]
 
 
 def test_the_queued_envelope_is_stamped_with_the_clock_and_the_calling_key(app, client, api_key, auth,
                                                                             subscription):
-    event_id = ping(client, auth, subscription).get_json()["id"]
+    event_id = ping_as(client, auth, subscription).get_json()["id"]
     with app.app_context(), db.connection_context():
         envelope = json.loads(bytes(Event.get_by_id(event_id).body))
     assert envelope == {"event": "vc.test.ping", "id": event_id, "subscription_id": subscription["id"],
@@ -88,21 +88,21 @@ def test_the_queued_envelope_is_stamped_with_the_clock_and_the_calling_key(app, 
 
 
 def test_each_ping_is_a_new_event(app, client, auth, subscription):
-    ids = [ping(client, auth, subscription).get_json()["id"] for _ in range(3)]
+    ids = [ping_as(client, auth, subscription).get_json()["id"] for _ in range(3)]
     assert len(set(ids)) == 3
     assert sorted(row[0] for row in queued(app)) == sorted(ids)
 
 
 def test_a_ping_is_queued_for_its_own_subscription_only(app, client, auth, subscription):
     other = client.post(WEBHOOKS, json={"url": URL}, headers=auth).get_json()
-    ping(client, auth, other)
+    ping_as(client, auth, other)
     assert [row[1] for row in queued(app)] == [other["id"]]
 
 
 def test_a_subscription_with_failures_below_the_threshold_still_accepts_pings(app, client, auth, subscription):
     with app.app_context(), db.connection_context():
         Subscription.update(consecutive_failures=19).where(Subscription.id == subscription["id"]).execute()
-    assert ping(client, auth, subscription).status_code == 202
+    assert ping_as(client, auth, subscription).status_code == 202
 
 
 # --- the test trigger: refused ---------------------------------------------------------------------
@@ -184,14 +184,14 @@ def test_an_unknown_subscription_is_404(app, client, auth, subscription):
 
 def test_another_organizations_subscription_is_404_even_with_its_secret(app, client, issue_key, subscription):
     globex = bearer(issue_key("globex"))
-    response = ping(client, globex, subscription)
+    response = ping_as(client, globex, subscription)
     assert (response.status_code, response.get_json()) == (404, NOT_FOUND)
     assert nothing_queued(app)
 
 
 def test_a_deleted_subscription_is_404(app, client, auth, subscription):
     client.delete(f"{WEBHOOKS}/{subscription['id']}", headers=auth)
-    assert ping(client, auth, subscription).get_json() == NOT_FOUND
+    assert ping_as(client, auth, subscription).get_json() == NOT_FOUND
     assert nothing_queued(app)
 
 
@@ -199,7 +199,7 @@ def test_an_auto_disabled_subscription_is_409_and_queues_nothing(app, client, au
     with app.app_context(), db.connection_context():
         Subscription.update(active=False, consecutive_failures=20, auto_disabled_at=START_MS).where(
             Subscription.id == subscription["id"]).execute()
-    response = ping(client, auth, subscription)
+    response = ping_as(client, auth, subscription)
     assert response.status_code == 409
     assert response.get_json() == problem(409, "Conflict", "subscription_disabled",
                                           "The subscription was auto-disabled after repeated failures.")
@@ -215,33 +215,33 @@ def test_without_a_key_it_is_401_and_queues_nothing(app, client, subscription):
 # --- the failures audit ----------------------------------------------------------------------------
 
 def test_a_fresh_subscription_has_no_failures(client, auth, subscription):
-    response = failures(client, auth, subscription["id"])
+    response = failures_as(client, auth, subscription["id"])
     assert (response.status_code, response.get_json()) == (200, {"data": [], "next_cursor": None})
 
 
 def test_a_queued_ping_is_not_a_failure(client, auth, subscription):
-    ping(client, auth, subscription)
-    assert failures(client, auth, subscription["id"]).get_json() == {"data": [], "next_cursor": None}
+    ping_as(client, auth, subscription)
+    assert failures_as(client, auth, subscription["id"]).get_json() == {"data": [], "next_cursor": None}
 
 
 @pytest.mark.parametrize("limit", ["1", "100"])
 def test_limits_at_the_bounds_are_accepted(client, auth, subscription, limit):
-    assert failures(client, auth, subscription["id"], limit=limit).get_json() == {"data": [], "next_cursor": None}
+    assert failures_as(client, auth, subscription["id"], limit=limit).get_json() == {"data": [], "next_cursor": None}
 
 
 def test_another_organizations_failures_are_404(client, issue_key, subscription):
-    response = failures(client, bearer(issue_key("globex")), subscription["id"])
+    response = failures_as(client, bearer(issue_key("globex")), subscription["id"])
     assert (response.status_code, response.get_json()) == (404, NOT_FOUND)
 
 
 def test_an_unknown_subscriptions_failures_are_404(client, auth):
-    response = failures(client, auth, "wh_doesnotexist00000000")
+    response = failures_as(client, auth, "wh_doesnotexist00000000")
     assert (response.status_code, response.get_json()) == (404, NOT_FOUND)
 
 
 @pytest.mark.parametrize("limit", ["0", "101", "abc", "-1", ""])
 def test_a_limit_out_of_range_is_422(client, auth, subscription, limit):
-    response = failures(client, auth, subscription["id"], limit=limit)
+    response = failures_as(client, auth, subscription["id"], limit=limit)
     assert field_codes(response) == [("limit", "out_of_range")]
 
 
@@ -249,7 +249,7 @@ def test_a_subscriptions_list_cursor_is_not_a_failures_cursor(client, auth, subs
     client.post(WEBHOOKS, json={"url": URL}, headers=auth)
     cursor = client.get(WEBHOOKS, query_string={"limit": 1}, headers=auth).get_json()["next_cursor"]
     assert cursor
-    assert field_codes(failures(client, auth, subscription["id"], cursor=cursor)) == [("cursor", "invalid_cursor")]
+    assert field_codes(failures_as(client, auth, subscription["id"], cursor=cursor)) == [("cursor", "invalid_cursor")]
 
 
 def fail_every_due_delivery(app, now_ms: int) -> None:
@@ -264,12 +264,12 @@ def fail_every_due_delivery(app, now_ms: int) -> None:
 def test_one_subscriptions_failures_cursor_is_refused_for_another(app, client, auth, subscription):
     other = client.post(WEBHOOKS, json={"url": URL}, headers=auth).get_json()
     for target in (subscription, other):
-        ping(client, auth, target)
-        ping(client, auth, target)
+        ping_as(client, auth, target)
+        ping_as(client, auth, target)
     fail_every_due_delivery(app, START_MS)
     with app.app_context(), db.connection_context():
         assert Failure.select().count() == 4
-    cursor = failures(client, auth, subscription["id"], limit=1).get_json()["next_cursor"]
+    cursor = failures_as(client, auth, subscription["id"], limit=1).get_json()["next_cursor"]
     assert cursor
-    assert failures(client, auth, subscription["id"], cursor=cursor).status_code == 200
-    assert field_codes(failures(client, auth, other["id"], cursor=cursor)) == [("cursor", "invalid_cursor")]
+    assert failures_as(client, auth, subscription["id"], cursor=cursor).status_code == 200
+    assert field_codes(failures_as(client, auth, other["id"], cursor=cursor)) == [("cursor", "invalid_cursor")]
