@@ -6,7 +6,8 @@ once per event-loop turn, so the bench learns of each arrival within a milliseco
 polling. CLOCK_MONOTONIC is system-wide on Linux: the bench compares it with its own clock.
 
 Paths: `/hang/...` accepts the request and never answers (the sender's deadline ends it);
-`/fail/...` gets a 500 with a binary body; anything else gets `200 ok`. The first stdout line is `PORT <n>`. With `--tls CERT KEY` (PEM
+`/fail/...` gets a 500 with a binary body; `/slow/<ms>/...` gets `200 ok` after <ms> milliseconds
+(a healthy but slow partner); anything else gets `200 ok` at once. The first stdout line is `PORT <n>`. With `--tls CERT KEY` (PEM
 files) it serves HTTPS instead.
 """
 
@@ -87,12 +88,22 @@ class Hook(asyncio.Protocol):
                 self.transport.write(FAIL_CLOSE)
                 self.transport.close()
                 return
-            if version == "HTTP/1.1" and headers.get("connection", "").lower() != "close":
-                self.transport.write(OK_KEEP_ALIVE)
-            else:
-                self.transport.write(OK_CLOSE)
-                self.transport.close()
+            keep_alive = version == "HTTP/1.1" and headers.get("connection", "").lower() != "close"
+            if path.startswith("/slow/"):  # a healthy but slow partner: 200 after <ms>
+                delay = int(path.split("/")[2]) / 1000
+                asyncio.get_running_loop().call_later(delay, self.answer_ok, keep_alive)
                 return
+            if not self.answer_ok(keep_alive):
+                return
+
+    def answer_ok(self, keep_alive: bool) -> bool:
+        """200 ok; whether the connection stays open for the next request."""
+        if self.transport.is_closing():
+            return False
+        self.transport.write(OK_KEEP_ALIVE if keep_alive else OK_CLOSE)
+        if not keep_alive:
+            self.transport.close()
+        return keep_alive
 
 
 def tls_context(argv: list[str]) -> ssl.SSLContext | None:
