@@ -2,6 +2,7 @@
 
 import logging
 import os
+import sqlite3
 from pathlib import Path
 
 from peewee import (SQL, BigIntegerField, BlobField, BooleanField, DatabaseProxy, ForeignKeyField,
@@ -24,17 +25,21 @@ SQLITE_PRAGMAS = {"journal_mode": "wal", "busy_timeout": 5000, "foreign_keys": 1
 # delivery attempt costs more than the query. `timeout`: seconds to wait for a free connection.
 POOLED_SCHEMES = {"sqlite", "postgres", "postgresql"}
 POOL = {"max_connections": 64, "stale_timeout": 300, "timeout": 10}
+# The claim is one `UPDATE … RETURNING`, which SQLite has since 3.35.0.
+SQLITE_FLOOR = (3, 35, 0)
 # Any constant: the PostgreSQL advisory lock that serializes schema.sql between starting processes.
 SCHEMA_LOCK_ID = 0x7061727472
 
 db = DatabaseProxy()
 
 
-def open_database(url: str):
+def open_database(url: str, sqlite_version: tuple[int, ...] = sqlite3.sqlite_version_info):
     """Bind `db` to the database at `url` (a playhouse.db_url URL) and apply schema.sql. One
-    database per process: a second call re-binds every model."""
-    logging.getLogger("peewee").addFilter(QUERY_LOG_FILTER)  # idempotent: one filter instance
+    database per process: a second call re-binds every model. `sqlite_version`: the library's."""
     scheme, rest = url.split("://", 1)
+    if scheme.startswith("sqlite"):
+        require_sqlite(sqlite_version)
+    logging.getLogger("peewee").addFilter(QUERY_LOG_FILTER)  # idempotent: one filter instance
     params = dict(POOL)
     if scheme.startswith("sqlite"):
         # A pooled connection moves between threads, though only one uses it at a time.
@@ -48,6 +53,17 @@ def open_database(url: str):
     db.initialize(database)
     apply_schema()
     return database
+
+
+def require_sqlite(version: tuple[int, ...]) -> None:
+    """Refuse, in one line naming both versions, a SQLite older than SQLITE_FLOOR."""
+    if tuple(version) < SQLITE_FLOOR:
+        raise RuntimeError(f"SQLite {_dotted(version)} found; the service needs SQLite {_dotted(SQLITE_FLOOR)} "
+                           "or newer (UPDATE … RETURNING)")
+
+
+def _dotted(version: tuple[int, ...]) -> str:
+    return ".".join(map(str, version))
 
 
 def apply_schema() -> None:

@@ -72,7 +72,7 @@ def test_docs_page_renders_every_endpoint_and_the_webhook(service, tmp_path):
 
 
 def test_docs_page_screenshot(service, tmp_path):
-    """Takes the page's picture; UPDATE_SCREENSHOT=1 stores it as docs/api-docs.png (shown in the README)."""
+    """Takes the page's picture; UPDATE_SCREENSHOT=1 stores it as docs/api-docs.png (shown in docs/decisions.md)."""
     target = SCREENSHOT if os.environ.get("UPDATE_SCREENSHOT") else tmp_path / "api-docs.png"
     shot = chromium("--window-size=1280,1300", f"--screenshot={target}", f"{service.base_url}/docs",
                     profile=tmp_path / "profile")

@@ -67,3 +67,23 @@ def test_schema_applied_twice_describes_the_same_database(tmp_path, from_schema)
     conn.executescript(models.SCHEMA_PATH.read_text())
     conn.close()
     assert describe(path) == from_schema
+
+
+@pytest.mark.parametrize("version, shown", [((3, 34, 1), "3.34.1"), ((3, 31, 1), "3.31.1"), ((2, 8, 17), "2.8.17")])
+def test_a_sqlite_older_than_3_35_is_refused_in_one_line(version, shown):
+    with pytest.raises(RuntimeError) as refusal:
+        models.require_sqlite(version)
+    assert str(refusal.value) == (f"SQLite {shown} found; the service needs SQLite 3.35.0 or newer "
+                                  "(UPDATE … RETURNING)")
+
+
+@pytest.mark.parametrize("version", [(3, 35, 0), (3, 40, 1), (4, 0, 0)])
+def test_sqlite_3_35_or_newer_is_accepted(version):
+    models.require_sqlite(version)
+
+
+def test_opening_a_sqlite_database_checks_the_version_before_anything_else(tmp_path):
+    path = tmp_path / "instance" / "partner.sqlite3"
+    with pytest.raises(RuntimeError, match="SQLite 3.34.1 found"):
+        models.open_database(f"sqlite:///{path}", sqlite_version=(3, 34, 1))
+    assert not path.parent.exists()  # nothing created, nothing opened
