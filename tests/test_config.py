@@ -1,4 +1,5 @@
-"""config.py: PARTNER_DELIVERY_CA_BUNDLE is checked at start-up, like every other setting."""
+"""config.py: PARTNER_DELIVERY_CA_BUNDLE and PARTNER_TRUSTED_PROXIES are checked at start-up, like every
+other setting."""
 
 import pytest
 
@@ -25,3 +26,16 @@ def test_a_bundle_without_certificates_stops_start_up(config, tmp_path):
     not_pem.write_text("not a certificate\n")
     with pytest.raises(ValueError, match="PARTNER_DELIVERY_CA_BUNDLE"):
         create_app({**config, "DELIVERY_CA_BUNDLE": str(not_pem)})
+
+
+@pytest.mark.parametrize("hops", ["0", "2"])
+def test_trusted_proxies_is_a_number_of_hops(config, monkeypatch, hops):
+    monkeypatch.setenv("PARTNER_TRUSTED_PROXIES", hops)
+    assert create_app(config).config["TRUSTED_PROXIES"] == int(hops)
+
+
+@pytest.mark.parametrize("hops", ["-1", "1.5", '"1"', "true", "[1]"])
+def test_trusted_proxies_that_is_not_a_whole_number_of_hops_stops_start_up(config, monkeypatch, hops):
+    monkeypatch.setenv("PARTNER_TRUSTED_PROXIES", hops)
+    with pytest.raises(ValueError, match="PARTNER_TRUSTED_PROXIES"):
+        create_app(config)
