@@ -19,6 +19,7 @@ from partner.edge.pagination import cursor_key, encode_cursor, read_page_args
 from partner.edge.problems import register_error_handlers
 from partner.edge.ratelimit import RateLimits
 from partner.edge.request_ids import install_request_ids
+from partner.edge.response_headers import install_response_headers
 from partner.edge.validation import Field, read_json_object, validate
 from partner.keys import IDENTITY_READ, WEBHOOKS_MANAGE
 from partner.operator.cli import COMMANDS
@@ -56,6 +57,7 @@ def create_app(overrides: dict | None = None) -> Flask:
     app.extensions["subscription_fields"] = subscription_fields(
         lookups.within(CREATE_LOOKUP_SECONDS), app.config["ALLOWED_NETWORKS"])
     install_request_ids(app)
+    install_response_headers(app)
     _trust_proxies(app, app.config["TRUSTED_PROXIES"])
     app.before_request(_refuse_doubled_slashes)
     app.teardown_request(_close_connection)
