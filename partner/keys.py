@@ -4,7 +4,7 @@ import hashlib
 import hmac
 import re
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from partner.errors import ValidationError, field_error
 from models import ApiKey, Organization
@@ -51,7 +51,7 @@ class Caller:
 class IssuedKey:
     """A freshly created key: the only moment the full key exists outside the caller."""
     key: ApiKey
-    full_key: str
+    full_key: str = field(repr=False)  # a repr may reach a log line or a traceback
 
 
 def hash_secret(secret: str) -> str:
@@ -81,7 +81,7 @@ def find_active_key(full_key: str) -> Caller | None:
 
 @dataclass(frozen=True, slots=True)
 class _StoredKey:
-    secret_hash: str
+    secret_hash: str = field(repr=False)
     caller: Caller | None  # None once revoked
 
 
