@@ -6,6 +6,7 @@ import time
 from flask import Flask
 
 from partner.outbound import ssrf
+from partner.retention import MAX_DAYS
 from partner.operator.logs import FORMATS
 
 DEFAULTS = {
@@ -53,6 +54,7 @@ def check_config(config) -> None:
         _require(name, _is_number(config[name]) and config[name] > 0, "a positive number")
     for name in _POSITIVE_INTEGERS:
         _require(name, _is_integer(config[name]) and config[name] > 0, "a positive integer")
+    _require("RETENTION_DAYS", config["RETENTION_DAYS"] <= MAX_DAYS, f"at most {MAX_DAYS} (a century)")
     _require("TRUSTED_PROXIES", _is_integer(config["TRUSTED_PROXIES"]) and config["TRUSTED_PROXIES"] >= 0,
              "a whole number of proxy hops, 0 or more")
     delays = config["DELIVERY_RETRY_DELAYS"]

@@ -14,6 +14,8 @@ KEY_PREFIX = "vck_"
 KEY_ID_LENGTH = 20
 SECRET_BYTES = 32
 DEFAULT_RATE_LIMIT = 600
+# The largest a 32-bit INTEGER column holds (rate_limit_per_minute is one on PostgreSQL).
+MAX_RATE_LIMIT = 2**31 - 1
 
 # `vck_<key_id>.<secret>`: key id alphanumeric; secret base64url without padding (never a dot).
 KEY_PATTERN = re.compile(r"vck_([A-Za-z0-9]{16,64})\.([A-Za-z0-9_-]{43,128})")

@@ -39,3 +39,8 @@ def test_trusted_proxies_that_is_not_a_whole_number_of_hops_stops_start_up(confi
     monkeypatch.setenv("PARTNER_TRUSTED_PROXIES", hops)
     with pytest.raises(ValueError, match="PARTNER_TRUSTED_PROXIES"):
         create_app(config)
+
+
+def test_a_retention_longer_than_a_century_stops_start_up(config):
+    with pytest.raises(ValueError, match="PARTNER_RETENTION_DAYS must be at most 36500"):
+        create_app({**config, "RETENTION_DAYS": 999_999_999})

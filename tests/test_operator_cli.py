@@ -163,3 +163,9 @@ def test_deliveries_list_filters_by_state_and_limits(flask_cli, disabled, subscr
 def test_deliveries_of_an_unknown_subscription_exit_1_naming_it(flask_cli, command):
     result = flask_cli(*command, "--subscription", "wh_nosuchsubscription0")
     assert result.exit_code == 1 and "wh_nosuchsubscription0" in result.output
+
+
+@pytest.mark.parametrize("limit", ["0", "10001", "99999999999999999999"])
+def test_deliveries_list_refuses_a_limit_out_of_bounds_cleanly(flask_cli, limit):
+    result = flask_cli("deliveries", "list", "--subscription", "wh_x", "--limit", limit)
+    assert result.exit_code == 2 and "--limit" in result.output, result.output
