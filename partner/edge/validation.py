@@ -38,13 +38,15 @@ def read_json_object() -> dict:
 
 def validate(body: dict, fields: tuple[Field, ...]) -> dict:
     """Return the declared fields of `body` (absent optional ones as None), or raise one 422."""
-    known = {field.name for field in fields}
-    errors = [field_error(name, "unknown_field", "This field is not accepted.")
-              for name in body if name not in known]
+    errors = []
     for field in fields:
         error = _field_error(field, body.get(field.name), field.name in body)
         if error:
             errors.append(field_error(field.name, *error))
+    # After the declared fields' errors, so that a list cut short never hides one of those.
+    known = {field.name for field in fields}
+    errors += [field_error(name, "unknown_field", "This field is not accepted.")
+               for name in body if name not in known]
     if errors:
         raise ValidationError(errors)
     return {field.name: body.get(field.name) for field in fields}
