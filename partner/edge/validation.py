@@ -5,6 +5,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from flask import request
+from werkzeug.exceptions import RequestEntityTooLarge
 
 from partner.errors import ApiError, ValidationError, field_error
 
@@ -26,7 +27,7 @@ class Field:
 def read_json_object() -> dict:
     """The request body as a JSON object, or 400 invalid_json."""
     try:
-        body = json.loads(request.get_data(cache=False), parse_constant=_reject_constant)
+        body = json.loads(read_body(), parse_constant=_reject_constant)
         # I-JSON (RFC 7493): a lone surrogate ("\ud800") parses, but no database or hash takes it.
         json.dumps(body, ensure_ascii=False).encode()
     except (ValueError, RecursionError):  # UnicodeError is a ValueError
@@ -34,6 +35,16 @@ def read_json_object() -> dict:
     if not isinstance(body, dict):
         raise ApiError(400, "invalid_json", "The request body must be a JSON object.")
     return body
+
+
+def read_body() -> bytes:
+    """The whole request body, or 413 past MAX_CONTENT_LENGTH however it is framed. Werkzeug refuses
+    a Content-Length over the limit but stops reading a chunked body at it, silently: one more byte
+    from the server's own stream says whether the body went on."""
+    data = request.get_data(cache=False)
+    if len(data) >= request.max_content_length and request.environ["wsgi.input"].read(1):
+        raise RequestEntityTooLarge()
+    return data
 
 
 def validate(body: dict, fields: tuple[Field, ...]) -> dict:
