@@ -23,8 +23,9 @@ class ValidationError(ApiError):
 
     def __init__(self, errors: list[dict]):
         detail = "The request has invalid fields."
-        if len(errors) > MAX_FIELD_ERRORS:
-            detail += f" The first {MAX_FIELD_ERRORS} are listed; {len(errors) - MAX_FIELD_ERRORS} more are not."
+        unlisted = len(errors) - MAX_FIELD_ERRORS
+        if unlisted > 0:
+            detail += f" The first {MAX_FIELD_ERRORS} are listed; {unlisted} more are not."
         super().__init__(422, "validation_error", detail, errors=errors[:MAX_FIELD_ERRORS])
 
 
