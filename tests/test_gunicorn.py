@@ -1,7 +1,6 @@
 """One real gunicorn, as `make run` starts it: serves the API, keeps secrets out of its log, stops cleanly."""
 
 import json
-import socket
 import time
 
 import pytest
@@ -10,7 +9,7 @@ from playhouse.db_url import connect
 from partner.keys import parse_key
 from tests.gunicorn_server import STOP_SECONDS, Gunicorn
 from tests.receivers import Receiver
-from tests.support import ME, WEBHOOKS, bearer
+from tests.support import ME, WEBHOOKS, bearer, raw_exchange
 
 
 def test_gunicorn_serves_logs_no_secret_and_stops_cleanly(gunicorn, smoke_key, session):
@@ -38,28 +37,6 @@ def test_gunicorn_serves_logs_no_secret_and_stops_cleanly(gunicorn, smoke_key, s
         assert secret not in text and smoke_key not in text
         assert "api_key" not in text and f"{ME}?" not in text
     assert "Traceback" not in stderr, stderr
-
-
-def raw_exchange(port: int, request: bytes) -> tuple[int, dict, bytes]:
-    """Send `request` bytes as they are (no client library fixes them up); return the answer."""
-    answer = b""
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
-        try:
-            sock.sendall(request)
-            sock.shutdown(socket.SHUT_WR)
-        # gunicorn drains at most 64 KiB of a body the app did not read, then closes: its answer is
-        # already here, and a reset follows it.
-        except OSError:
-            pass
-        try:
-            while chunk := sock.recv(65536):
-                answer += chunk
-        except ConnectionResetError:
-            pass
-    head, _, body = answer.partition(b"\r\n\r\n")
-    status_line, *header_lines = head.decode("latin-1").split("\r\n")
-    headers = dict(line.split(": ", 1) for line in header_lines)
-    return int(status_line.split()[1]), {k.lower(): v for k, v in headers.items()}, body
 
 
 @pytest.mark.parametrize("chunks", [b"zz\r\n{}\r\n0\r\n\r\n",        # a chunk size that is not hex

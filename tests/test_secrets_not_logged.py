@@ -207,7 +207,8 @@ def test_no_record_that_holds_a_secret_shows_it_in_its_repr(app, client, clock):
     with app.app_context(), db.connection_context():
         issued = create_key("acme", ["webhooks:manage"], int(clock() * 1000))
     hook = client.post(WEBHOOKS, headers=bearer(issued.full_key), json={"url": HOOK_URL}).get_json()
-    client.post(f"{WEBHOOKS}/{hook['id']}/test", headers=bearer(issued.full_key), json={"secret": hook["secret"]})
+    client.post(f"{WEBHOOKS}/{hook['id']}/test", headers=bearer(issued.full_key),
+                json={"secret": hook["secret"]})
     with app.app_context(), db.connection_context():
         claims = claim_due(int(clock() * 1000) + 1, limit=10, lease_ms=60_000)
         records = [issued, claims, Subscription.get_by_id(hook["id"]), ApiKey.get()]
