@@ -2,10 +2,13 @@
 control sequence, in text and in JSON, and a malformed request costs one bounded line."""
 
 import json
+import logging
 import re
+import sys
 
 import pytest
 
+from partner.operator.logs import logging_config
 from tests.gunicorn_server import Gunicorn
 from tests.support import raw_exchange
 
@@ -72,3 +75,15 @@ def test_a_malformed_request_costs_at_most_one_bounded_line(server, request_line
     about_it = [line for line in (out + err).splitlines() if "[2K" in line]
     assert len(about_it) == 1, about_it
     assert len(about_it[0]) < 500
+
+
+def test_a_traceback_keeps_its_lines_but_shows_no_raw_control_character():
+    formatter = logging_config("text", "INFO")["formatters"]["service"]["()"]()
+    try:
+        raise ValueError("bad path /me\x1b[2K\r")
+    except ValueError:
+        record = logging.LogRecord("app", logging.ERROR, __file__, 1, "unhandled %s", ("x\x1b",),
+                                   sys.exc_info())
+    text = formatter.format(record)
+    assert text.startswith("unhandled x\\x1b\nTraceback")
+    assert text.endswith("ValueError: bad path /me\\x1b[2K\\r")

@@ -37,10 +37,14 @@ def bounded(text: str, limit: int = CLIENT_TEXT_LIMIT) -> str:
 
 
 class OneLineFormatter(logging.Formatter):
-    """The text format: each record's message on its one line (a traceback still follows it)."""
+    """The text format: each record's message on its one line. A traceback still follows it, its
+    lines kept, but nothing else in it (an exception's message may quote a client) reaches a terminal."""
 
     def formatMessage(self, record: logging.LogRecord) -> str:
         return printable(super().formatMessage(record))
+
+    def formatException(self, exc_info) -> str:
+        return "\n".join(map(printable, super().formatException(exc_info).split("\n")))
 
 
 class GunicornLogger(Logger):
@@ -54,7 +58,7 @@ class GunicornLogger(Logger):
 
     def warning(self, msg, *args, **kwargs) -> None:
         # gunicorn formats "Invalid request from ip=...: <the bad bytes>" itself, before logging.
-        super().warning(bounded(msg % args if args else msg), **kwargs)
+        super().warning(bounded(str(msg) % args if args else str(msg)), **kwargs)
 
 
 def path_text(wsgi_path: str | None) -> str | None:
