@@ -82,13 +82,14 @@ def padded_subscription(size: int) -> bytes:
 def test_a_body_over_64_kib_is_413_however_it_is_framed_never_cut(gunicorn, smoke_key, session, framing, size,
                                                                   status):
     gunicorn.wait_until_serving(session)
-    answer, _, body = raw_exchange(gunicorn.port, (
+    answer, headers, body = raw_exchange(gunicorn.port, (
         f"POST {WEBHOOKS} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {smoke_key}\r\n"
         "Content-Type: application/json\r\n").encode() + framed(padded_subscription(size), framing))
     assert answer == status, body
     listed = session.get(gunicorn.base_url + WEBHOOKS, headers=bearer(smoke_key), timeout=5).json()["data"]
     assert len(listed) == (1 if status == 201 else 0)
     if status == 413:
+        assert headers["content-type"] == "application/problem+json"
         assert json.loads(body)["code"] == "payload_too_large"
 
 
