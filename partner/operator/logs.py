@@ -1,4 +1,4 @@
-"""Log formats for gunicorn.conf.py: PARTNER_LOG_FORMAT=text (default) or json, one object per line.
+r"""Log formats for gunicorn.conf.py: PARTNER_LOG_FORMAT=text (default) or json, one object per line.
 
 Access lines go to stdout, the service's own lines (one per delivery attempt, warnings) to stderr;
 both carry the request id. Access lines name the path only, never the query string, and no request
@@ -27,7 +27,7 @@ CLIENT_TEXT_LIMIT = 200
 
 
 def printable(text: str) -> str:
-    """`text` on one line, every control character escaped: `\r`, `\n`, `\x1b`, `\x9b`."""
+    r"""`text` on one line, every control character escaped: `\r`, `\n`, `\x1b`, `\x9b`."""
     return text.translate(_ESCAPES)
 
 
@@ -63,7 +63,7 @@ class GunicornLogger(Logger):
 
 def path_text(wsgi_path: str | None) -> str | None:
     """A WSGI path (bytes as Latin-1 characters) as the client wrote it: UTF-8, bad bytes escaped."""
-    return wsgi_path and wsgi_path.encode("latin-1").decode("utf-8", "backslashreplace")
+    return wsgi_path and wsgi_path.encode("latin-1", "backslashreplace").decode("utf-8", "backslashreplace")
 
 
 class JsonLineFormatter(JsonFormatter):
