@@ -5,9 +5,9 @@ import time
 
 from flask import Flask
 
+from partner.operator.logs import FORMATS
 from partner.outbound import ssrf
 from partner.retention import MAX_DAYS
-from partner.operator.logs import FORMATS
 
 DEFAULTS = {
     "DATABASE_URL": "sqlite:///instance/partner.sqlite3",
