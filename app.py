@@ -5,6 +5,7 @@ import logging
 from flask import Blueprint, Flask, current_app, g, request
 from playhouse.shortcuts import model_to_dict
 from werkzeug.exceptions import NotFound
+from werkzeug.middleware.proxy_fix import ProxyFix
 
 from delivery import Dispatcher
 from models import db, open_database
@@ -18,6 +19,7 @@ from partner.edge.pagination import cursor_key, encode_cursor, read_page_args
 from partner.edge.problems import register_error_handlers
 from partner.edge.ratelimit import RateLimits
 from partner.edge.request_ids import install_request_ids
+from partner.edge.response_headers import install_response_headers
 from partner.edge.validation import Field, read_json_object, validate
 from partner.keys import IDENTITY_READ, WEBHOOKS_MANAGE
 from partner.operator.cli import COMMANDS
@@ -55,6 +57,8 @@ def create_app(overrides: dict | None = None) -> Flask:
     app.extensions["subscription_fields"] = subscription_fields(
         lookups.within(CREATE_LOOKUP_SECONDS), app.config["ALLOWED_NETWORKS"])
     install_request_ids(app)
+    install_response_headers(app)
+    _trust_proxies(app, app.config["TRUSTED_PROXIES"])
     app.before_request(_refuse_doubled_slashes)
     app.teardown_request(_close_connection)
     register_error_handlers(app)
@@ -85,6 +89,13 @@ def _say_if_the_database_cannot_write(app: Flask) -> None:
     if refusal:
         log.error("database %s cannot take a write now (%s): API writes answer 503 and /readyz reports "
                   "not ready until it can", database_name(app.config["DATABASE_URL"]), refusal)
+
+
+def _trust_proxies(app: Flask, hops: int) -> None:
+    # The client address (the failed-authentication budget's key) and scheme as the last `hops`
+    # proxies saw them; with none, X-Forwarded-* are only text a client wrote.
+    if hops:
+        app.wsgi_app = ProxyFix(app.wsgi_app, x_for=hops, x_proto=hops)
 
 
 def _refuse_doubled_slashes() -> None:

@@ -6,7 +6,7 @@ import os
 import shutil
 import tempfile
 
-from partner.operator.logs import ACCESS_FORMAT, logging_config
+from partner.operator.logs import ACCESS_FORMAT, GunicornLogger, logging_config
 
 wsgi_app = "wsgi:app"
 bind = f"127.0.0.1:{os.environ.get('PORT', '8000')}"
@@ -18,6 +18,8 @@ control_socket_disable = True
 # Path only (%(U)s), never the query string, so nothing a client puts in a URL reaches the log.
 accesslog = "-"
 access_log_format = ACCESS_FORMAT
+# Client text in our lines is escaped and bounded (partner/operator/logs.py).
+logger_class = GunicornLogger
 logconfig_dict = logging_config(os.environ.get("PARTNER_LOG_FORMAT", "text"),
                                 os.environ.get("PARTNER_LOG_LEVEL", "INFO"))
 

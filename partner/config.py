@@ -5,8 +5,9 @@ import time
 
 from flask import Flask
 
-from partner.outbound import ssrf
 from partner.operator.logs import FORMATS
+from partner.outbound import ssrf
+from partner.retention import MAX_DAYS
 
 DEFAULTS = {
     "DATABASE_URL": "sqlite:///instance/partner.sqlite3",
@@ -26,6 +27,9 @@ DEFAULTS = {
     "LOG_FORMAT": "text",  # applied by gunicorn.conf.py (logs.py); checked here too
     "AUTH_FAILURE_RATE_LIMIT": 60,
     "MAX_CONTENT_LENGTH": 64 * 1024,
+    # Reverse-proxy hops whose X-Forwarded-For / -Proto are believed (CONTRACT §10). 0: a client can
+    # never choose the address its failed authentications are counted against.
+    "TRUSTED_PROXIES": 0,
     # Seams for tests: the wall clock (Unix seconds) and the DNS resolver (SEAMS).
     "CLOCK": time.time,
     "RESOLVER": ssrf.system_resolver,
@@ -52,6 +56,9 @@ def check_config(config) -> None:
         _require(name, _is_number(config[name]) and config[name] > 0, "a positive number")
     for name in _POSITIVE_INTEGERS:
         _require(name, _is_integer(config[name]) and config[name] > 0, "a positive integer")
+    _require("RETENTION_DAYS", config["RETENTION_DAYS"] <= MAX_DAYS, f"at most {MAX_DAYS} (a century)")
+    _require("TRUSTED_PROXIES", _is_integer(config["TRUSTED_PROXIES"]) and config["TRUSTED_PROXIES"] >= 0,
+             "a whole number of proxy hops, 0 or more")
     delays = config["DELIVERY_RETRY_DELAYS"]
     _require("DELIVERY_RETRY_DELAYS", isinstance(delays, list)
              and all(_is_number(d) and d >= 0 for d in delays), "a JSON list of seconds")

@@ -14,11 +14,19 @@ class ApiError(Exception):
         self.headers = headers or {}
 
 
+# A 422 lists at most this many field errors: a 64 KiB body of unknown fields once got a 734 KB answer.
+MAX_FIELD_ERRORS = 20
+
+
 class ValidationError(ApiError):
-    """A 422 carrying one entry per rejected field."""
+    """A 422 carrying one entry per rejected field, the first MAX_FIELD_ERRORS of them."""
 
     def __init__(self, errors: list[dict]):
-        super().__init__(422, "validation_error", "The request has invalid fields.", errors=errors)
+        detail = "The request has invalid fields."
+        unlisted = len(errors) - MAX_FIELD_ERRORS
+        if unlisted > 0:
+            detail += f" The first {MAX_FIELD_ERRORS} are listed; {unlisted} more are not."
+        super().__init__(422, "validation_error", detail, errors=errors[:MAX_FIELD_ERRORS])
 
 
 def field_error(field: str, code: str, message: str) -> dict:

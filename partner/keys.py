@@ -4,7 +4,7 @@ import hashlib
 import hmac
 import re
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from partner.errors import ValidationError, field_error
 from models import ApiKey, Organization
@@ -14,6 +14,8 @@ KEY_PREFIX = "vck_"
 KEY_ID_LENGTH = 20
 SECRET_BYTES = 32
 DEFAULT_RATE_LIMIT = 600
+# The largest a 32-bit INTEGER column holds (rate_limit_per_minute is one on PostgreSQL).
+MAX_RATE_LIMIT = 2**31 - 1
 
 # `vck_<key_id>.<secret>`: key id alphanumeric; secret base64url without padding (never a dot).
 KEY_PATTERN = re.compile(r"vck_([A-Za-z0-9]{16,64})\.([A-Za-z0-9_-]{43,128})")
@@ -51,7 +53,7 @@ class Caller:
 class IssuedKey:
     """A freshly created key: the only moment the full key exists outside the caller."""
     key: ApiKey
-    full_key: str
+    full_key: str = field(repr=False)  # a repr may reach a log line or a traceback
 
 
 def hash_secret(secret: str) -> str:
@@ -81,7 +83,7 @@ def find_active_key(full_key: str) -> Caller | None:
 
 @dataclass(frozen=True, slots=True)
 class _StoredKey:
-    secret_hash: str
+    secret_hash: str = field(repr=False)
     caller: Caller | None  # None once revoked
 
 

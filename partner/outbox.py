@@ -9,7 +9,7 @@ import hmac
 import json
 import secrets
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from models import IN_FLIGHT_CONDITION, IS_OPEN, OPEN_CONDITION, Delivery, Event, Failure, Subscription
 from partner.database import is_sqlite, keyset_page, new_id, run_sql, select_rows, write_transaction
@@ -60,7 +60,7 @@ class Claim:
     lease_token: str
     subscription_id: str
     url: str
-    secret: str
+    secret: str = field(repr=False)  # a repr may reach a log line or a traceback
     failing: bool = False  # the subscription's last attempt failed (consecutive_failures > 0)
 
 

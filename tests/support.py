@@ -1,5 +1,6 @@
 """The tests' one vocabulary: paths, the auth header, the problem assertion, the injected clock and
-resolver, and a free loopback port. Fixtures live in conftest.py; receivers in tests/receivers.py."""
+resolver, a free loopback port and a raw HTTP exchange. Fixtures live in conftest.py; receivers in
+tests/receivers.py."""
 
 import socket
 import threading
@@ -91,6 +92,28 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+def raw_exchange(port: int, request: bytes) -> tuple[int, dict, bytes]:
+    """Send `request` bytes as they are (no client library fixes them up); return the answer."""
+    answer = b""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        try:
+            sock.sendall(request)
+            sock.shutdown(socket.SHUT_WR)
+        # gunicorn drains at most 64 KiB of a body the app did not read, then closes: its answer is
+        # already here, and a reset follows it.
+        except OSError:
+            pass
+        try:
+            while chunk := sock.recv(65536):
+                answer += chunk
+        except ConnectionResetError:
+            pass
+    head, _, body = answer.partition(b"\r\n\r\n")
+    status_line, *header_lines = head.decode("latin-1").split("\r\n")
+    headers = dict(line.split(": ", 1) for line in header_lines)
+    return int(status_line.split()[1]), {k.lower(): v for k, v in headers.items()}, body
 
 
 class FakeClock:

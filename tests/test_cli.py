@@ -34,6 +34,20 @@ def test_create_sets_the_organization_rate_limit(flask_keys, client):
     assert client.get(ME, headers={"Authorization": key}).get_json()["rate_limit_per_minute"] == 7
 
 
+@pytest.mark.both_databases
+def test_create_takes_the_largest_rate_limit_an_integer_column_holds(flask_keys, client):
+    key = created_key(flask_keys("create", "--org", "fast", "--rate-limit", str(2**31 - 1)))
+    assert client.get(ME, headers={"Authorization": key}).get_json()["rate_limit_per_minute"] == 2**31 - 1
+
+
+@pytest.mark.both_databases
+@pytest.mark.parametrize("limit", ["0", str(2**31), "99999999999999999999", "many"])
+def test_create_refuses_a_rate_limit_out_of_bounds_cleanly(flask_keys, limit):
+    result = flask_keys("create", "--org", "fast", "--rate-limit", limit)
+    assert result.exit_code == 2 and "--rate-limit" in result.output, result.output
+    assert isinstance(result.exception, SystemExit)  # a usage error, not a traceback
+
+
 @pytest.mark.parametrize("scope", sorted(RESERVED_SCOPES))
 def test_create_refuses_a_reserved_scope_naming_it(flask_keys, scope):
     result = flask_keys("create", "--org", "acme", "--scope", scope)

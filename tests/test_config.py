@@ -1,4 +1,5 @@
-"""config.py: PARTNER_DELIVERY_CA_BUNDLE is checked at start-up, like every other setting."""
+"""config.py: PARTNER_DELIVERY_CA_BUNDLE and PARTNER_TRUSTED_PROXIES are checked at start-up, like every
+other setting."""
 
 import time
 
@@ -37,3 +38,21 @@ def test_the_clock_and_the_resolver_are_never_read_from_the_environment(monkeypa
     monkeypatch.setenv("PARTNER_RESOLVER", '"8.8.8.8"')
     config = create_app({"DATABASE_URL": database_url}).config
     assert (config["CLOCK"], config["RESOLVER"]) == (time.time, ssrf.system_resolver)
+
+
+@pytest.mark.parametrize("hops", ["0", "2"])
+def test_trusted_proxies_is_a_number_of_hops(config, monkeypatch, hops):
+    monkeypatch.setenv("PARTNER_TRUSTED_PROXIES", hops)
+    assert create_app(config).config["TRUSTED_PROXIES"] == int(hops)
+
+
+@pytest.mark.parametrize("hops", ["-1", "1.5", '"1"', "true", "[1]"])
+def test_trusted_proxies_that_is_not_a_whole_number_of_hops_stops_start_up(config, monkeypatch, hops):
+    monkeypatch.setenv("PARTNER_TRUSTED_PROXIES", hops)
+    with pytest.raises(ValueError, match="PARTNER_TRUSTED_PROXIES"):
+        create_app(config)
+
+
+def test_a_retention_longer_than_a_century_stops_start_up(config):
+    with pytest.raises(ValueError, match="PARTNER_RETENTION_DAYS must be at most 36500"):
+        create_app({**config, "RETENTION_DAYS": 999_999_999})

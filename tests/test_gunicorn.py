@@ -1,7 +1,6 @@
 """One real gunicorn, as `make run` starts it: serves the API, keeps secrets out of its log, stops cleanly."""
 
 import json
-import socket
 import sqlite3
 import time
 
@@ -11,7 +10,7 @@ from playhouse.db_url import connect
 from partner.keys import parse_key
 from tests.gunicorn_server import STOP_SECONDS, Gunicorn, flask
 from tests.receivers import Receiver
-from tests.support import ME, PUBLIC_IP, WEBHOOKS, bearer, free_port
+from tests.support import ME, PUBLIC_IP, WEBHOOKS, bearer, free_port, raw_exchange
 
 
 def test_gunicorn_serves_logs_no_secret_and_stops_cleanly(gunicorn, smoke_key, session):
@@ -41,20 +40,6 @@ def test_gunicorn_serves_logs_no_secret_and_stops_cleanly(gunicorn, smoke_key, s
     assert "Traceback" not in stderr, stderr
 
 
-def raw_exchange(port: int, request: bytes) -> tuple[int, dict, bytes]:
-    """Send `request` bytes as they are (no client library fixes them up); return the answer."""
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
-        sock.sendall(request)
-        sock.shutdown(socket.SHUT_WR)
-        answer = b""
-        while chunk := sock.recv(65536):
-            answer += chunk
-    head, _, body = answer.partition(b"\r\n\r\n")
-    status_line, *header_lines = head.decode("latin-1").split("\r\n")
-    headers = dict(line.split(": ", 1) for line in header_lines)
-    return int(status_line.split()[1]), {k.lower(): v for k, v in headers.items()}, body
-
-
 @pytest.mark.parametrize("chunks", [b"zz\r\n{}\r\n0\r\n\r\n",        # a chunk size that is not hex
                                     b"2\r\n{}XX0\r\n\r\n",            # no CRLF after the chunk
                                     b"-2\r\n{}\r\n0\r\n\r\n"])
@@ -77,6 +62,36 @@ def test_a_doubled_slash_is_a_404_problem_not_a_redirect(gunicorn, smoke_key, se
         "Connection: close\r\n\r\n").encode())
     assert (status, headers["content-type"]) == (404, "application/problem+json"), body
     assert json.loads(body)["code"] == "not_found"
+
+
+def framed(body: bytes, framing: str) -> bytes:
+    """`body` as the bytes of a message body and the header that frames it."""
+    if framing == "chunked":
+        return b"Transfer-Encoding: chunked\r\n\r\n" + b"".join(
+            b"%x\r\n%s\r\n" % (len(body[i:i + 8192]), body[i:i + 8192]) for i in range(0, len(body), 8192)
+        ) + b"0\r\n\r\n"
+    return b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+
+
+def padded_subscription(size: int) -> bytes:
+    """A valid subscription whose JSON text is `size` bytes: the object, then blanks."""
+    return json.dumps({"url": "http://93.184.215.14/hook"}).encode().ljust(size)
+
+
+@pytest.mark.parametrize("framing", ["chunked", "content-length"])
+@pytest.mark.parametrize("size, status", [(64 * 1024, 201), (64 * 1024 + 1, 413), (1024 * 1024, 413)])
+def test_a_body_over_64_kib_is_413_however_it_is_framed_never_cut(gunicorn, smoke_key, session, framing, size,
+                                                                  status):
+    gunicorn.wait_until_serving(session)
+    answer, headers, body = raw_exchange(gunicorn.port, (
+        f"POST {WEBHOOKS} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {smoke_key}\r\n"
+        "Content-Type: application/json\r\n").encode() + framed(padded_subscription(size), framing))
+    assert answer == status, body
+    listed = session.get(gunicorn.base_url + WEBHOOKS, headers=bearer(smoke_key), timeout=5).json()["data"]
+    assert len(listed) == (1 if status == 201 else 0)
+    if status == 413:
+        assert headers["content-type"] == "application/problem+json"
+        assert json.loads(body)["code"] == "payload_too_large"
 
 
 def slow_ok(handler):

@@ -150,3 +150,9 @@ def test_deliveries_of_an_unknown_subscription_exit_1_naming_it(flask_cli, comma
 def queued_event(ping, subscription: dict) -> str:
     """Ping the subscription and return the queued event's id."""
     return json_of(ping(subscription), 202)["id"]
+
+
+@pytest.mark.parametrize("limit", ["0", "10001", "99999999999999999999"])
+def test_deliveries_list_refuses_a_limit_out_of_bounds_cleanly(flask_cli, limit):
+    result = flask_cli("deliveries", "list", "--subscription", "wh_x", "--limit", limit)
+    assert result.exit_code == 2 and "--limit" in result.output, result.output

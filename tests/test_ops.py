@@ -1,5 +1,6 @@
 """/healthz, /readyz and X-Request-Id (CONTRACT §7), through the real app on a real database."""
 
+import random
 import re
 import sqlite3
 import time
@@ -110,6 +111,15 @@ def test_a_missing_or_insane_request_id_is_replaced_by_a_generated_one(client, s
     first = client.get("/healthz", headers=headers).headers["X-Request-Id"]
     second = client.get("/healthz", headers=headers).headers["X-Request-Id"]
     assert re.fullmatch(HEX_ID, first) and first != second
+
+
+def test_generated_request_ids_cannot_be_predicted_from_pythons_random(client):
+    # Whatever seeds or reads the `random` module (a library, an attacker who saw earlier ids),
+    # the next id does not follow from it.
+    random.seed(20)
+    first = client.get("/healthz").headers["X-Request-Id"]
+    random.seed(20)
+    assert client.get("/healthz").headers["X-Request-Id"] != first
 
 
 def test_error_responses_carry_the_request_id_too(client, auth):

@@ -115,3 +115,23 @@ def test_a_local_window_forgets_idle_budgets(clock):
     clock.advance(61)
     windows.hit("org", "busy", 10)
     assert list(windows._hits) == [("org", "busy")]
+
+
+def failed_logins(client, forwarded_for: str, times: int) -> list[int]:
+    """Statuses of `times` unauthenticated requests, as a proxy would forward them."""
+    return [client.get(ME, headers={"X-Forwarded-For": forwarded_for}).status_code for _ in range(times)]
+
+
+@pytest.mark.config(TRUSTED_PROXIES=1)
+def test_behind_a_trusted_proxy_each_client_has_its_own_failed_authentication_budget(app, client):
+    app.extensions["rate_limits"].auth_failures_per_minute = 3
+    assert failed_logins(client, "203.0.113.1", 4) == [401, 401, 401, 429]
+    assert failed_logins(client, "203.0.113.2", 1) == [401]
+    # A client's own X-Forwarded-For comes before what the proxy appends: it is not believed.
+    assert failed_logins(client, "198.51.100.7, 203.0.113.1", 1) == [429]
+
+
+def test_without_a_trusted_proxy_x_forwarded_for_cannot_buy_a_fresh_budget(app, client):
+    app.extensions["rate_limits"].auth_failures_per_minute = 3
+    statuses = [failed_logins(client, f"203.0.113.{n}", 1)[0] for n in range(4)]
+    assert statuses == [401, 401, 401, 429]

@@ -100,6 +100,14 @@ def test_the_daily_run_happens_once_a_day_whatever_the_number_of_processes(app, 
     assert retention.run_daily(clock, config["RETENTION_DAYS"]).events == 0
 
 
-@pytest.mark.parametrize("days", ["0", "-1", "thirty"])
-def test_prune_refuses_a_bad_age(app, days):
-    assert app.test_cli_runner().invoke(args=["db", "prune", "--older-than", days]).exit_code == 2
+@pytest.mark.parametrize("days", ["0", "-1", "thirty", "36501", "999999999", "99999999999999999999"])
+def test_prune_refuses_a_bad_age_cleanly(app, days):
+    result = app.test_cli_runner().invoke(args=["db", "prune", "--older-than", days])
+    assert result.exit_code == 2 and "--older-than" in result.output, result.output
+    assert isinstance(result.exception, SystemExit)  # a usage error, not a traceback
+
+
+def test_prune_takes_the_longest_age_it_allows(app, history):
+    result = app.test_cli_runner().invoke(args=["db", "prune", "--older-than", "36500"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith("Removed 0 events")

@@ -199,3 +199,21 @@ def test_webhook_secret_is_not_in_peewee_sql_debug_log(client, issue_key, debug_
     peewee_records = [r for r in debug_logging.records if r.name == "peewee"]
     assert peewee_records, "peewee's SQL log was not captured at DEBUG"
     assert leaks(map(record_text, peewee_records), [secret]) == []
+
+
+def test_no_record_that_holds_a_secret_shows_it_in_its_repr(app, client, clock):
+    from models import ApiKey, Subscription, db
+    from partner.keys import create_key
+    from partner.outbox import claim_due
+    with app.app_context(), db.connection_context():
+        issued = create_key("acme", ["webhooks:manage"], int(clock() * 1000))
+    hook = client.post(WEBHOOKS, headers=bearer(issued.full_key), json={"url": HOOK_URL}).get_json()
+    client.post(f"{WEBHOOKS}/{hook['id']}/test", headers=bearer(issued.full_key),
+                json={"secret": hook["secret"]})
+    with app.app_context(), db.connection_context():
+        claims = claim_due(int(clock() * 1000) + 1, limit=10, lease_ms=60_000)
+        records = [issued, claims, Subscription.get_by_id(hook["id"]), ApiKey.get()]
+        shown = [repr(record) for record in records]
+    assert len(claims) == 1 and claims[0].secret == hook["secret"]
+    assert leaks(shown, [issued.full_key, parse_key(issued.full_key)[1], hook["secret"]]) == []
+    assert repr(records[2]) == f"<Subscription: {hook['id']}>"  # peewee shows the primary key only

@@ -151,8 +151,8 @@ def test_the_api_key_is_not_the_secret(app, client, api_key, auth, subscription)
     (lambda secret: {"secret": {"value": secret}}, [("secret", "invalid_type")]),
     (lambda secret: {"secret": "x" * 257}, [("secret", "too_long")]),
     (lambda secret: {"secret": secret, "event": "vc.test.ping"}, [("event", "unknown_field")]),
-    (lambda secret: {"Secret": secret}, [("Secret", "unknown_field"), ("secret", "required")]),
-    (lambda secret: {"token": secret, "secret": 1}, [("token", "unknown_field"), ("secret", "invalid_type")]),
+    (lambda secret: {"Secret": secret}, [("secret", "required"), ("Secret", "unknown_field")]),
+    (lambda secret: {"token": secret, "secret": 1}, [("secret", "invalid_type"), ("token", "unknown_field")]),
 ], ids=["missing", "null", "number", "boolean", "list", "object", "too-long", "unknown", "wrong-case",
         "everything"])
 def test_an_invalid_body_is_422_and_queues_nothing(app, client, auth, subscription, make_body, expected):

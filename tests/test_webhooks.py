@@ -425,3 +425,12 @@ def test_problem_never_contains_a_secret(client, api_key, auth, make_body):
     text = response.get_data(as_text=True)
     for leaked in (api_key, parse_key(api_key)[1], secret, secret.removeprefix("whsec_")):
         assert leaked not in text
+
+
+def test_a_body_of_thousands_of_unknown_fields_gets_a_short_422_that_says_how_many_more(client, auth):
+    body = {f"f{n:05}": 0 for n in range(5000)}  # 60 KB
+    response = client.post(WEBHOOKS, json=body, headers=auth)
+    assert field_codes(response) == [("url", "required")] + [(f"f{n:05}", "unknown_field") for n in range(19)]
+    assert response.get_json()["detail"] == \
+        "The request has invalid fields. The first 20 are listed; 4981 more are not."
+    assert len(response.get_data()) < 4096

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from flask import request
+from werkzeug.exceptions import RequestEntityTooLarge
 
 from partner.errors import ApiError, ValidationError, field_error
 
@@ -26,7 +27,7 @@ class Field:
 def read_json_object() -> dict:
     """The request body as a JSON object, or 400 invalid_json."""
     try:
-        body = json.loads(request.get_data(cache=False), parse_constant=_reject_constant)
+        body = json.loads(read_body(), parse_constant=_reject_constant)
         # I-JSON (RFC 7493): a lone surrogate ("\ud800") parses, but no database or hash takes it.
         json.dumps(body, ensure_ascii=False).encode()
     except (ValueError, RecursionError):  # UnicodeError is a ValueError
@@ -36,15 +37,27 @@ def read_json_object() -> dict:
     return body
 
 
+def read_body() -> bytes:
+    """The whole request body, or 413 past MAX_CONTENT_LENGTH however it is framed. Werkzeug refuses
+    a Content-Length over the limit but stops reading a chunked body at it, silently: one more byte
+    from the server's own stream says whether the body went on."""
+    data = request.get_data(cache=False)
+    if len(data) >= request.max_content_length and request.environ["wsgi.input"].read(1):
+        raise RequestEntityTooLarge()
+    return data
+
+
 def validate(body: dict, fields: tuple[Field, ...]) -> dict:
     """Return the declared fields of `body` (absent optional ones as None), or raise one 422."""
-    known = {field.name for field in fields}
-    errors = [field_error(name, "unknown_field", "This field is not accepted.")
-              for name in body if name not in known]
+    errors = []
     for field in fields:
         error = _field_error(field, body.get(field.name), field.name in body)
         if error:
             errors.append(field_error(field.name, *error))
+    # After the declared fields' errors, so that a list cut short never hides one of those.
+    known = {field.name for field in fields}
+    errors += [field_error(name, "unknown_field", "This field is not accepted.")
+               for name in body if name not in known]
     if errors:
         raise ValidationError(errors)
     return {field.name: body.get(field.name) for field in fields}

@@ -11,7 +11,7 @@ from models import db
 from partner import retention
 from partner.deliveries import STATES, list_deliveries, replay_dead_letters
 from partner.errors import OperatorError, ValidationError
-from partner.keys import IssuedKey, create_key, list_keys, revoke_key, rotate_key
+from partner.keys import MAX_RATE_LIMIT, IssuedKey, create_key, list_keys, revoke_key, rotate_key
 from partner.subscriptions import enable_subscription, subscriptions_overview
 from partner.timestamps import iso, now_ms, to_ms
 
@@ -29,7 +29,8 @@ def _announce(issued: IssuedKey) -> None:
 @keys_cli.command("create")
 @click.option("--org", required=True, help="Organization slug; created on first use.")
 @click.option("--scope", "scopes", multiple=True, help="A scope to grant (repeatable).")
-@click.option("--rate-limit", type=click.IntRange(min=1), help="Requests per minute for the organization.")
+@click.option("--rate-limit", type=click.IntRange(1, MAX_RATE_LIMIT),
+              help="Requests per minute for the organization.")
 def create_command(org: str, scopes: tuple[str, ...], rate_limit: int | None) -> None:
     """Create a key; identity:read is always granted."""
     with db.connection_context():
@@ -159,7 +160,7 @@ def deliveries_replay(subscription_id: str, since: int | None, event_id: str | N
 
 
 @db_cli.command("prune")
-@click.option("--older-than", "days", type=click.IntRange(min=1),
+@click.option("--older-than", "days", type=click.IntRange(1, retention.MAX_DAYS),
               help="Days to keep [default: PARTNER_RETENTION_DAYS].")
 def db_prune(days: int | None) -> None:
     """Run the retention job once, now: delete finished events older than DAYS."""

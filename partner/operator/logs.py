@@ -1,17 +1,69 @@
-"""Log formats for gunicorn.conf.py: PARTNER_LOG_FORMAT=text (default) or json, one object per line.
+r"""Log formats for gunicorn.conf.py: PARTNER_LOG_FORMAT=text (default) or json, one object per line.
 
 Access lines go to stdout, the service's own lines (one per delivery attempt, warnings) to stderr;
 both carry the request id. Access lines name the path only, never the query string, and no request
 header: nothing a client puts in a URL or a header (a key) reaches the log.
+
+No byte a client sends can start a line or reach a terminal as a control sequence: text lines show
+control characters escaped (`\r`, `\x1b`), JSON escapes them itself, and gunicorn's warnings about a
+malformed request quote at most CLIENT_TEXT_LIMIT characters of it.
 """
 
 import logging
 from urllib.parse import urlsplit
 
+from gunicorn.glogging import Logger
 from pythonjsonlogger.json import JsonFormatter
 
 FORMATS = ("text", "json")
 ACCESS_FORMAT = '%(h)s "%(m)s %(U)s %(H)s" %(s)s %(b)s %(M)sms %({x-request-id}o)s'
+
+
+# C0, DEL, C1 and the characters that text tools take for a line break; shown as Python escapes.
+_CONTROLS = [*range(0x20), *range(0x7F, 0xA0), 0x2028, 0x2029]
+_ESCAPES = str.maketrans({code: chr(code).encode("unicode_escape").decode() for code in _CONTROLS})
+# What a warning about a malformed request quotes of it: one client once wrote 44 MB of log in 0.55 s.
+CLIENT_TEXT_LIMIT = 200
+
+
+def printable(text: str) -> str:
+    r"""`text` on one line, every control character escaped: `\r`, `\n`, `\x1b`, `\x9b`."""
+    return text.translate(_ESCAPES)
+
+
+def bounded(text: str, limit: int = CLIENT_TEXT_LIMIT) -> str:
+    """`text`, cut at `limit` characters with a note of how many were left out."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text) - limit} more characters)"
+
+
+class OneLineFormatter(logging.Formatter):
+    """The text format: each record's message on its one line. A traceback still follows it, its
+    lines kept, but nothing else in it (an exception's message may quote a client) reaches a terminal."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return printable(super().formatMessage(record))
+
+    def formatException(self, exc_info) -> str:
+        return "\n".join(map(printable, super().formatException(exc_info).split("\n")))
+
+
+class GunicornLogger(Logger):
+    """gunicorn's logger (gunicorn.conf.py's logger_class): the logged path is the client's text
+    (its bytes as UTF-8), and a warning about a malformed request is bounded."""
+
+    def atoms(self, resp, req, environ, request_time) -> dict:
+        atoms = super().atoms(resp, req, environ, request_time)
+        atoms["U"] = path_text(atoms["U"])
+        return atoms
+
+    def warning(self, msg, *args, **kwargs) -> None:
+        # gunicorn formats "Invalid request from ip=...: <the bad bytes>" itself, before logging.
+        super().warning(bounded(str(msg) % args if args else str(msg)), **kwargs)
+
+
+def path_text(wsgi_path: str | None) -> str | None:
+    """A WSGI path (bytes as Latin-1 characters) as the client wrote it: UTF-8, bad bytes escaped."""
+    return wsgi_path and wsgi_path.encode("latin-1", "backslashreplace").decode("utf-8", "backslashreplace")
 
 
 class JsonLineFormatter(JsonFormatter):
@@ -36,8 +88,9 @@ def logging_config(log_format: str, level: str) -> dict:
         service = access = {"()": JsonLineFormatter, "fmt": fields, "timestamp": "time",
                             "rename_fields": {"levelname": "level"}}
     else:
-        service = {"format": "%(asctime)s [%(process)d] [%(levelname)s] %(name)s: %(message)s"}
-        access = {"format": "%(asctime)s %(message)s"}
+        service = {"()": OneLineFormatter,
+                   "fmt": "%(asctime)s [%(process)d] [%(levelname)s] %(name)s: %(message)s"}
+        access = {"()": OneLineFormatter, "fmt": "%(asctime)s %(message)s"}
     request_ids = {"request_id": {"()": "partner.edge.request_ids.RequestIdFilter"}}
     return {
         "version": 1,
