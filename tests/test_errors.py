@@ -1,8 +1,12 @@
 """Every error is RFC 9457 problem+json with the contract's code; nothing leaks."""
 
-import pytest
+import json
+import threading
 
-from tests.support import WEBHOOKS, assert_problem
+import pytest
+from werkzeug.serving import make_server
+
+from tests.support import WEBHOOKS, assert_problem, raw_exchange
 
 
 
@@ -44,3 +48,17 @@ def test_unexpected_exception_is_a_bare_500(app, caplog):
 def test_a_lone_surrogate_is_invalid_json(client, auth, data):
     assert_problem(client.post(WEBHOOKS, data=data, headers=auth), 400, "invalid_json")
     assert client.get(WEBHOOKS, headers=auth).get_json()["data"] == []
+
+
+def test_a_body_no_server_can_read_is_400_under_any_wsgi_server(app, auth):
+    """Not only under gunicorn: Werkzeug's own server fails a malformed chunk in its own way."""
+    server = make_server("127.0.0.1", 0, app, threaded=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        status, headers, body = raw_exchange(server.server_port, (
+            f"POST {WEBHOOKS} HTTP/1.1\r\nHost: x\r\nAuthorization: {auth['Authorization']}\r\n"
+            "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n").encode())
+    finally:
+        server.shutdown()
+    assert (status, headers["content-type"]) == (400, "application/problem+json")
+    assert json.loads(body)["code"] == "invalid_json"

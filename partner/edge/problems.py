@@ -4,7 +4,6 @@ import logging
 from http import HTTPStatus
 
 from flask import Flask, Response, json
-from gunicorn.http.errors import ParseException
 from werkzeug.exceptions import HTTPException
 
 from partner.availability import database_failed, is_unavailable
@@ -46,7 +45,6 @@ def problem(status: int, code: str, detail: str, errors: list[dict] | None = Non
 def register_error_handlers(app: Flask) -> None:
     app.register_error_handler(ApiError, _api_error)
     app.register_error_handler(HTTPException, _http_error)
-    app.register_error_handler(ParseException, _unreadable_body)
     app.register_error_handler(Exception, _unexpected_error)
 
 
@@ -61,13 +59,6 @@ def _http_error(error: HTTPException) -> Response:
     code = HTTP_CODES.get(status, "http_error")
     return problem(status, code, error.description or HTTPStatus(status).phrase,
                    response=error.get_response())
-
-
-def _unreadable_body(error: ParseException) -> Response:
-    # gunicorn decodes a chunked body while the view reads it: a bad chunk size or a missing CRLF
-    # surfaces here, from inside request.get_data().
-    log.info("unreadable request body: %s", type(error).__name__)
-    return problem(400, "invalid_json", "The request body could not be read (malformed chunked encoding).")
 
 
 def _unexpected_error(error: Exception) -> Response:

@@ -1,13 +1,16 @@
 """Request validation as data: declare the fields, reject unknown ones, report every error at once."""
 
 import json
+import logging
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from flask import request
-from werkzeug.exceptions import RequestEntityTooLarge
+from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from partner.errors import ApiError, ValidationError, field_error
+
+log = logging.getLogger(__name__)
 
 # A check returns None when the value is fine, or (code, message).
 Check = Callable[[Any], tuple[str, str] | None]
@@ -41,8 +44,16 @@ def read_body() -> bytes:
     """The whole request body, or 413 past MAX_CONTENT_LENGTH however it is framed. Werkzeug refuses
     a Content-Length over the limit but stops reading a chunked body at it, silently: one more byte
     from the server's own stream says whether the body went on."""
-    data = request.get_data(cache=False)
-    if len(data) >= request.max_content_length and request.environ["wsgi.input"].read(1):
+    try:
+        data = request.get_data(cache=False)
+        beyond = len(data) >= request.max_content_length and request.environ["wsgi.input"].read(1)
+    except HTTPException:
+        raise
+    except Exception as error:  # noqa: BLE001 - the server's own decoding failed (a bad chunk), whichever server
+        log.info("unreadable request body: %s", type(error).__name__)
+        raise ApiError(400, "invalid_json",
+                       "The request body could not be read (malformed chunked encoding).") from None
+    if beyond:
         raise RequestEntityTooLarge()
     return data
 
