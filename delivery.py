@@ -68,6 +68,8 @@ class Dispatcher:
         self.lease_ms = to_ms(self.timeout + LEASE_MARGIN_SECONDS)
         self.refill_at = max(1, min(REFILL_BATCH, self.concurrency // 2))
         self.random = random.Random()
+        # The record step and its pauses between tries: seams, so a test can make it fail every time.
+        self.record, self.record_pauses = record_attempt, RECORD_RETRY_SECONDS
         self._free_slots = self.concurrency
         # Of those, how many subscriptions whose last attempt failed may still take.
         self._free_failing_slots = max(1, self.concurrency // 2)
@@ -131,7 +133,8 @@ class Dispatcher:
         claims: list[Claim] = []
         try:
             with db.connection_context():
-                claims = claim_due(self._now_ms(), reserved, self.lease_ms, failing_limit=failing)
+                claims = claim_due(self._now_ms(), reserved, self.lease_ms, failing,
+                                   self.policy.auto_disable_threshold)
         except Exception as error:  # noqa: BLE001 - unavailability backs off, the rest re-raised
             if not is_unavailable(error):
                 raise
@@ -170,7 +173,7 @@ class Dispatcher:
         done = 0
         while True:
             with db.connection_context():
-                claims = claim_due(self._now_ms(), 1, self.lease_ms)
+                claims = claim_due(self._now_ms(), 1, self.lease_ms, None, self.policy.auto_disable_threshold)
             if not claims:
                 return done
             self.attempt(claims[0])
@@ -218,11 +221,11 @@ class Dispatcher:
         (an outage, a full disk), without its response excerpt if the text itself was refused,
         rather than letting the lease expire and the attempt be made again."""
         deadline = time.monotonic() + self.lease_ms / 1000 - LEASE_MARGIN_SECONDS / 2
-        pauses = iter(RECORD_RETRY_SECONDS)
+        pauses = iter(self.record_pauses)
         while True:
             try:
                 with db.connection_context():
-                    return record_attempt(claim, result, attempted_at, finished_at, self.policy, jitter)
+                    return self.record(claim, result, attempted_at, finished_at, self.policy, jitter)
             except Exception as error:  # noqa: BLE001 - logged, then retried or re-raised
                 pause = next(pauses, None)
                 if pause is None or time.monotonic() + pause > deadline:

@@ -164,3 +164,30 @@ def test_giving_a_claim_back_does_not_count_it_as_unrecorded(organization):
     release(claim_due(NOW, 8, LEASE), NOW)
     claim_due(NOW, 8, LEASE)
     assert Delivery.get_by_id(event_id).unrecorded == 0
+
+
+class RecordRefused(Exception):
+    """What the record step raises, every time, in the test below."""
+
+
+def refuse(*args):
+    raise RecordRefused("the outcome cannot be written")
+
+
+@pytest.mark.config(WEBHOOK_ALLOWED_NETWORKS=["127.0.0.0/8"], AUTO_DISABLE_THRESHOLD=1)
+def test_a_record_step_that_always_fails_ends_in_a_not_recorded_dead_letter(app, clock, database,
+                                                                           organization, receiver):
+    dispatcher = app.extensions["delivery"]
+    dispatcher.record, dispatcher.record_pauses = refuse, ()  # the seams: never written, no retry
+    [subscription] = subscriptions(organization("acme"), 1, receiver.url)
+    event_id = ping(subscription, int(clock() * 1000))
+    for _ in range(MAX_UNRECORDED):
+        with pytest.raises(RecordRefused):
+            dispatcher.run_due()
+        clock.advance(dispatcher.lease_ms / 1000)  # the lease expires: the attempt was never recorded
+    assert dispatcher.run_due() == 0  # dead-lettered by the claim, not sent a fourth time
+    assert [r.headers["X-VC-Event-Id"] for r in receiver.received] == [event_id] * MAX_UNRECORDED
+    assert Delivery.get_by_id(event_id).state == "dead"
+    assert [f.error for f in Failure.select()] == ["not_recorded"]
+    subscription = Subscription.get_by_id(subscription.id)
+    assert (subscription.active, subscription.consecutive_failures) == (False, 1)  # counted: threshold 1
