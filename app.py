@@ -175,7 +175,8 @@ def list_webhooks():
 @api.delete("/webhooks/<subscription_id>")
 @require_scope(WEBHOOKS_MANAGE)
 def delete_webhook(subscription_id: str):
-    delete_subscription(find_subscription(g.caller.organization.id, subscription_id))
+    delete_subscription(find_subscription(g.caller.organization.id, subscription_id),
+                        now_ms(current_app.config["CLOCK"]))
     return "", 204
 
 

@@ -142,15 +142,15 @@ def claim_due(now_ms: int, limit: int, lease_ms: int, failing_limit: int | None 
             return []
         rows = {row["event_id"]: row for row in select_rows(_CLAIMED, taken, ids=len(taken))}
         kept = [_claim_of(rows[event_id], taken[event_id], token) for event_id in picked if event_id in taken]
-        disabled = [claim.event_id for claim in kept if not rows[claim.event_id]["active"]]
-        if disabled:  # never sent to a disabled subscription: dead-lettered, as disabling does
-            run_sql(_RELEASE, (Delivery.DEAD, None, token, *disabled), ids=len(disabled))
+        disabled = [claim for claim in kept if not rows[claim.event_id]["active"]]
+        for claim in disabled:  # queued while it was being disabled: dead-lettered, as disabling does
+            run_sql(_RELEASE, (Delivery.DEAD, None, token, claim.event_id), ids=1)
+            _dead_letter_open(claim.subscription_id)
         lost = [claim for claim in kept if taken[claim.event_id]["unrecorded"] >= MAX_UNRECORDED
-                and claim.event_id not in disabled]
+                and claim not in disabled]
         for claim in lost:
             _record_failure(claim, NEVER_RECORDED, now_ms, now_ms, RetryPolicy([], auto_disable_threshold), 0.0)
-    gone = set(disabled) | {claim.event_id for claim in lost}
-    return [claim for claim in kept if claim.event_id not in gone]
+    return [claim for claim in kept if claim not in disabled and claim not in lost]
 
 
 def _claim_of(row: dict, taken: dict, token: str) -> Claim:
@@ -233,5 +233,9 @@ def _auto_disable(subscription_id: str, now_ms: int) -> None:
     one whose process died is never claimed again."""
     Subscription.update(active=False, auto_disabled_at=now_ms).where(
         Subscription.id == subscription_id).execute()
+    _dead_letter_open(subscription_id)
+
+
+def _dead_letter_open(subscription_id: str) -> None:
     (Delivery.update(state=Delivery.DEAD, due_at=None)
      .where(IS_OPEN & (Delivery.subscription == subscription_id)).execute())

@@ -14,6 +14,7 @@ from models import Delivery, Event, Failure, Subscription, db
 from partner.outbox import (NOT_RECORDED, Recorded, claim_due, enqueue_test_ping, failures_page, record_attempt,
                     trigger_test_ping)
 from partner.retry import RetryPolicy
+from partner.retention import purge_deleted
 from partner.subscriptions import create_subscription, delete_subscription
 from tests.support import query_plan, run_together
 from partner.outbound.transport import AttemptResult
@@ -473,7 +474,7 @@ def test_the_current_claim_still_finishes_after_a_stale_one_tried(subscription):
 def test_a_finish_after_the_subscription_was_deleted_records_nothing(subscription):
     ping(subscription)
     claim = claim_one()
-    delete_subscription(subscription)
+    delete_subscription(subscription, NOW)
     assert fail(claim) == NOT_RECORDED
     assert not succeed(claim).recorded
     assert Failure.select().count() == 0
@@ -492,7 +493,8 @@ def test_deleting_a_subscription_deletes_its_events_deliveries_and_failures(subs
     assert [count(model, subscription) for model in (Event, Delivery, Failure)] == [3, 3, 2]
     assert sorted(d.state for d in Delivery.select()) == ["dead", "dead", "in_flight", "in_flight",
                                                           "pending", "pending"]
-    delete_subscription(subscription)
+    delete_subscription(subscription, NOW + 30)
+    assert purge_deleted() == 1
     assert Subscription.get_or_none(Subscription.id == subscription.id) is None
     assert [count(model, subscription) for model in (Event, Delivery, Failure)] == [0, 0, 0]
     assert [count(model, other_subscription) for model in (Event, Delivery, Failure)] == [3, 3, 2]
