@@ -6,7 +6,8 @@ once per event-loop turn, so the bench learns of each arrival within a milliseco
 polling. CLOCK_MONOTONIC is system-wide on Linux: the bench compares it with its own clock.
 
 Paths: `/hang/...` accepts the request and never answers (the sender's deadline ends it);
-`/fail/...` gets a 500 with a binary body; anything else gets `200 ok`. The first stdout line is `PORT <n>`. With `--tls CERT KEY` (PEM
+`/fail/...` gets a 500 with a binary body; `/slow/<ms>/...` gets `200 ok` after <ms> milliseconds;
+anything else gets `200 ok` at once. The first stdout line is `PORT <n>`. With `--tls CERT KEY` (PEM
 files) it serves HTTPS instead.
 """
 
@@ -87,12 +88,23 @@ class Hook(asyncio.Protocol):
                 self.transport.write(FAIL_CLOSE)
                 self.transport.close()
                 return
-            if version == "HTTP/1.1" and headers.get("connection", "").lower() != "close":
-                self.transport.write(OK_KEEP_ALIVE)
+            keep_alive = version == "HTTP/1.1" and headers.get("connection", "").lower() != "close"
+            if path.startswith("/slow/"):  # the sender waits for this answer before its next request
+                delay = int(path.split("/")[2]) / 1000
+                asyncio.get_running_loop().call_later(delay, self.answer, keep_alive)
             else:
-                self.transport.write(OK_CLOSE)
-                self.transport.close()
+                self.answer(keep_alive)
+            if not keep_alive:
                 return
+
+    def answer(self, keep_alive: bool) -> None:
+        if self.transport.is_closing():
+            return
+        if keep_alive:
+            self.transport.write(OK_KEEP_ALIVE)
+        else:
+            self.transport.write(OK_CLOSE)
+            self.transport.close()
 
 
 def tls_context(argv: list[str]) -> ssl.SSLContext | None:

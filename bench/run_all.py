@@ -14,7 +14,7 @@ from harness import BENCH_DIR, QUICK, RESULTS_DIR, fmt, machine, table, wait_or_
 from soak import MINUTES as SOAK_MINUTES
 
 BENCHES = ["api_overhead", "ping_latency", "delivery_throughput", "isolation", "dns_isolation", "state_scale",
-           "memory", "soak"]
+           "memory", "soak", "noisy_neighbour", "order"]
 TIME_LIMIT = 60 if QUICK else 600  # seconds per bench, beyond the soak's own duration
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCHES = {"api_overhead", "ping_latency", "delivery_throughput", "isolation", "dns_isolation", "state_scale",
-           "memory", "soak"}
+           "memory", "soak", "noisy_neighbour", "order"}
 QUICK_SECONDS = 150
 
 
