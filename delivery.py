@@ -77,6 +77,7 @@ class Dispatcher:
         self._pool: ThreadPoolExecutor | None = None
         self._scheduler: BackgroundScheduler | None = None
         self._stopping = threading.Event()
+        self._queued = threading.Event()  # set by wake(), cleared by the next scan that has slots
         self._scan_backoff = 0.0
         self._next_scan_at = 0.0  # time.monotonic(); later while the database fails
 
@@ -116,7 +117,10 @@ class Dispatcher:
         return "running" if self._scheduler and self._scheduler.running else "stopped"
 
     def wake(self) -> None:
-        """Scan now rather than at the next poll: an event was just queued."""
+        """Scan now rather than at the next poll: an event was just queued. If no slot is free,
+        the next attempt to finish refills its slot at once instead of waiting for REFILL_BATCH
+        free ones: the new event may be another organization's, whose turn comes first."""
+        self._queued.set()
         scheduler = self._scheduler
         if scheduler:
             scheduler.modify_job(SCAN_JOB, next_run_time=_utcnow())
@@ -130,6 +134,7 @@ class Dispatcher:
         reserved, failing = self._reserve_slots()
         if not reserved:
             return 0
+        self._queued.clear()  # this claim looks for whatever was queued until now
         claims: list[Claim] = []
         try:
             with db.connection_context():
@@ -187,7 +192,7 @@ class Dispatcher:
             log.exception("delivery attempt crashed: event=%s", claim.event_id)
         finally:
             self._release_slots(1, int(claim.failing))
-        if self._free_slots >= self.refill_at and not self._stopping.is_set():
+        if (self._free_slots >= self.refill_at or self._queued.is_set()) and not self._stopping.is_set():
             self.scan()
 
     def _reserve_slots(self) -> tuple[int, int]:

@@ -2,6 +2,8 @@
 that it does not keep, slots shared among organizations, and attempts that never record counted.
 The claim is stepped by hand on the real database; one test sends a real backlog to a receiver."""
 
+import time
+
 import pytest
 
 from models import Delivery, Failure, Subscription, db
@@ -10,6 +12,7 @@ from partner.outbox import MAX_UNRECORDED, claim_due, enqueue_test_ping, record_
 from partner.outbound.transport import AttemptResult
 from partner.retry import RetryPolicy
 from partner.subscriptions import create_subscription
+from tests.receivers import hang
 
 NOW = 1_800_000_000_123
 LEASE = 40_000
@@ -191,3 +194,27 @@ def test_a_record_step_that_always_fails_ends_in_a_not_recorded_dead_letter(app,
     assert [f.error for f in Failure.select()] == ["not_recorded"]
     subscription = Subscription.get_by_id(subscription.id)
     assert (subscription.active, subscription.consecutive_failures) == (False, 1)  # counted: threshold 1
+
+
+@pytest.mark.config(SCHEDULER_ENABLED=True, WEBHOOK_ALLOWED_NETWORKS=["127.0.0.0/8"], DELIVERY_CONCURRENCY=4,
+                    DELIVERY_POLL_INTERVAL=10)
+def test_a_ping_queued_while_every_slot_is_busy_takes_the_first_slot_that_frees(app, database, organization,
+                                                                                start_receiver):
+    crowd, quiet = organization("crowd"), organization("quiet")
+    slow, brief, fast = (start_receiver(script=[hang(3)]), start_receiver(script=[hang(0.3)]),
+                         start_receiver())
+    for subscription in subscriptions(crowd, 3, slow.url) + subscriptions(crowd, 1, brief.url):
+        ping(subscription)
+    [lone] = subscriptions(quiet, 1, fast.url)
+    dispatcher = app.extensions["delivery"]
+    dispatcher.start()
+    try:
+        assert slow.wait_for(3) and brief.wait_for(1)  # all 4 slots busy
+        queued_at = time.monotonic()
+        ping(lone)
+        dispatcher.wake()
+        # One slot frees after 0.3 s, fewer than the refill batch (2 of 4): it is refilled anyway.
+        assert fast.wait_for(1, seconds=2)
+        assert fast.received[0].arrived_at - queued_at < 1.5
+    finally:
+        dispatcher.stop()
