@@ -51,6 +51,7 @@ def inversions(order: list[int]) -> int:
 
 # --- order ------------------------------------------------------------------------------------
 
+@pytest.mark.both_databases
 def test_pings_queued_in_the_same_millisecond_are_claimed_in_enqueue_order(organization):
     [subscription] = subscriptions(organization("acme"), 1)
     queued = [ping(subscription) for _ in range(20)]
@@ -100,6 +101,7 @@ def test_a_backlog_of_500_pings_reaches_the_receiver_in_order(app, database, org
 
 # --- fair share -------------------------------------------------------------------------------
 
+@pytest.mark.both_databases
 def test_an_organization_with_one_due_subscription_gets_a_slot_beside_one_with_a_hundred(organization):
     crowd, single = organization("crowd"), organization("single")
     for subscription in subscriptions(crowd, 100):
@@ -117,6 +119,7 @@ def test_an_organization_alone_takes_every_slot(organization):
     assert len(claim_due(NOW, 8, LEASE)) == 8
 
 
+@pytest.mark.both_databases
 def test_an_organization_holding_slots_waits_for_the_others_to_catch_up(organization):
     crowd, few = organization("crowd"), organization("few")
     for subscription in subscriptions(crowd, 10):
@@ -129,6 +132,7 @@ def test_an_organization_holding_slots_waits_for_the_others_to_catch_up(organiza
     assert len(claimed) == 4
 
 
+@pytest.mark.both_databases
 def test_failing_subscriptions_keep_their_cap_within_the_share(organization):
     crowd, single = organization("crowd"), organization("single")
     for subscription in subscriptions(crowd, 6):
@@ -143,6 +147,7 @@ def test_failing_subscriptions_keep_their_cap_within_the_share(organization):
 
 # --- attempts whose outcome is never recorded ---------------------------------------------------
 
+@pytest.mark.both_databases
 def test_an_attempt_never_recorded_is_counted_and_the_bound_dead_letters_it(organization):
     [subscription] = subscriptions(organization("acme"), 1)
     event_id = ping(subscription)
