@@ -1,7 +1,8 @@
 """Which due deliveries a claim takes: the one place the order and the fair share are decided.
 
 Order. A subscription's next delivery is its oldest due one: by due time, then by enqueue order
-(`seq`, one more than the highest of its open deliveries when queued). A claim takes at most one
+(`seq`, one more than the highest of its open deliveries when queued; two enqueues committing
+at the same moment on PostgreSQL may share one, and were not ordered anyway). A claim takes at most one
 delivery per subscription, and a subscription with an attempt in flight under a live lease takes
 none, so a subscription's deliveries go out one at a time in that order. A failed attempt is due
 again later (its retry time): deliveries due before it go first.
