@@ -177,6 +177,7 @@ def list_webhooks():
 def delete_webhook(subscription_id: str):
     delete_subscription(find_subscription(g.caller.organization.id, subscription_id),
                         now_ms(current_app.config["CLOCK"]))
+    current_app.extensions["delivery"].purge_soon()
     return "", 204
 
 

@@ -125,6 +125,12 @@ class Dispatcher:
         if scheduler:
             scheduler.modify_job(SCAN_JOB, next_run_time=_utcnow())
 
+    def purge_soon(self) -> None:
+        """Purge deleted subscriptions now rather than at the next run: one was just deleted."""
+        scheduler = self._scheduler
+        if scheduler:
+            scheduler.modify_job(retention.PURGE_JOB, next_run_time=_utcnow())
+
     # --- scanning ------------------------------------------------------------------------------
 
     def scan(self) -> int:

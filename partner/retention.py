@@ -44,6 +44,7 @@ _PURGE = ("DELETE FROM delivery WHERE event_id IN (SELECT event_id FROM delivery
 _PURGE_ROW = "DELETE FROM subscription WHERE id = {p} AND deleted_at IS NOT NULL"
 PURGE_BATCH = 500  # rows of one table per write transaction: a few ms of SQLite's write lock
 PURGE_EVERY_SECONDS = 10
+PURGE_JOB = "purge-deleted"
 
 
 @dataclass
@@ -152,5 +153,5 @@ def schedule(scheduler, clock, days: int) -> None:
     first = datetime.now(timezone.utc) + timedelta(seconds=random.uniform(60, 300))
     scheduler.add_job(run_daily, "interval", hours=CHECK_EVERY_HOURS, args=(clock, days),
                       id="retention", next_run_time=first, coalesce=True, max_instances=1)
-    scheduler.add_job(run_purge, "interval", seconds=PURGE_EVERY_SECONDS, id="purge-deleted",
+    scheduler.add_job(run_purge, "interval", seconds=PURGE_EVERY_SECONDS, id=PURGE_JOB,
                       coalesce=True, max_instances=1)

@@ -17,14 +17,15 @@ LEASE = 40_000
 
 @pytest.fixture
 def config(config):
-    config.setdefault("WEBHOOK_ALLOWED_NETWORKS", ["93.184.215.0/24"])
+    config.setdefault("WEBHOOK_ALLOWED_NETWORKS", ["127.0.0.0/8"])
     return config
 
 
 @pytest.fixture
-def subscribe(client, auth):
+def subscribe(client, auth, receiver):
+    """Subscriptions to a loopback receiver (only the test with a running scanner sends to it)."""
     def subscribe(headers=auth) -> dict:
-        return json_of(client.post(WEBHOOKS, json={"url": "http://93.184.215.14/hook"}, headers=headers), 201)
+        return json_of(client.post(WEBHOOKS, json={"url": receiver.url}, headers=headers), 201)
     return subscribe
 
 
@@ -113,3 +114,21 @@ def test_deleting_a_long_history_blocks_no_other_organization(app, client, auth,
     assert len(answers) > 10
     with app.app_context(), db.connection_context():
         assert history(doomed["id"]) == [0, 0, 0]
+
+
+@pytest.mark.config(SCHEDULER_ENABLED=True)
+def test_a_running_service_purges_a_deleted_subscription_at_once(app, client, auth, subscribe, clock):
+    gone = subscribe()
+    assert ping(client, auth, gone).status_code == 202
+    dispatcher = app.extensions["delivery"]
+    dispatcher.start()
+    try:
+        assert client.delete(f"{WEBHOOKS}/{gone['id']}", headers=auth).status_code == 204
+        deadline = time.monotonic() + 5
+        with app.app_context(), db.connection_context():
+            while Subscription.get_or_none(Subscription.id == gone["id"]) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert Subscription.get_or_none(Subscription.id == gone["id"]) is None
+            assert history(gone["id"]) == [0, 0, 0]
+    finally:
+        dispatcher.stop()
