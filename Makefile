@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PORT ?= 8000
 
-.PHONY: run test test-fast bench clean
+.PHONY: run test test-fast bench bench-quick clean
 
 run: $(VENV)/.installed
 	PORT=$(PORT) $(BIN)/gunicorn wsgi:app
@@ -20,6 +20,11 @@ test-fast: $(VENV)/.installed
 bench: $(VENV)/.installed
 	bash bench/setup.sh
 	$(BIN)/python bench/run_all.py
+
+# Every bench in its short mode (a few minutes): that each still runs end to end, not its figures.
+bench-quick: $(VENV)/.installed
+	bash bench/setup.sh
+	BENCH_QUICK=1 $(BIN)/python bench/run_all.py
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \

@@ -68,6 +68,8 @@ class Dispatcher:
         self.lease_ms = to_ms(self.timeout + LEASE_MARGIN_SECONDS)
         self.refill_at = max(1, min(REFILL_BATCH, self.concurrency // 2))
         self.random = random.Random()
+        # The record step and its pauses between tries: seams, so a test can make it fail every time.
+        self.record, self.record_pauses = record_attempt, RECORD_RETRY_SECONDS
         self._free_slots = self.concurrency
         # Of those, how many subscriptions whose last attempt failed may still take.
         self._free_failing_slots = max(1, self.concurrency // 2)
@@ -75,6 +77,7 @@ class Dispatcher:
         self._pool: ThreadPoolExecutor | None = None
         self._scheduler: BackgroundScheduler | None = None
         self._stopping = threading.Event()
+        self._queued = threading.Event()  # set by wake(), cleared by the next scan that has slots
         self._scan_backoff = 0.0
         self._next_scan_at = 0.0  # time.monotonic(); later while the database fails
 
@@ -114,10 +117,19 @@ class Dispatcher:
         return "running" if self._scheduler and self._scheduler.running else "stopped"
 
     def wake(self) -> None:
-        """Scan now rather than at the next poll: an event was just queued."""
+        """Scan now rather than at the next poll: an event was just queued. If no slot is free,
+        the next attempt to finish refills its slot at once instead of waiting for REFILL_BATCH
+        free ones: the new event may be another organization's, whose turn comes first."""
+        self._queued.set()
         scheduler = self._scheduler
         if scheduler:
             scheduler.modify_job(SCAN_JOB, next_run_time=_utcnow())
+
+    def purge_soon(self) -> None:
+        """Purge deleted subscriptions now rather than at the next run: one was just deleted."""
+        scheduler = self._scheduler
+        if scheduler:
+            scheduler.modify_job(retention.PURGE_JOB, next_run_time=_utcnow())
 
     # --- scanning ------------------------------------------------------------------------------
 
@@ -128,10 +140,12 @@ class Dispatcher:
         reserved, failing = self._reserve_slots()
         if not reserved:
             return 0
+        self._queued.clear()  # this claim looks for whatever was queued until now
         claims: list[Claim] = []
         try:
             with db.connection_context():
-                claims = claim_due(self._now_ms(), reserved, self.lease_ms, failing_limit=failing)
+                claims = claim_due(self._now_ms(), reserved, self.lease_ms, failing,
+                                   self.policy.auto_disable_threshold)
         except Exception as error:  # noqa: BLE001 - unavailability backs off, the rest re-raised
             if not is_unavailable(error):
                 raise
@@ -170,7 +184,7 @@ class Dispatcher:
         done = 0
         while True:
             with db.connection_context():
-                claims = claim_due(self._now_ms(), 1, self.lease_ms)
+                claims = claim_due(self._now_ms(), 1, self.lease_ms, None, self.policy.auto_disable_threshold)
             if not claims:
                 return done
             self.attempt(claims[0])
@@ -184,7 +198,7 @@ class Dispatcher:
             log.exception("delivery attempt crashed: event=%s", claim.event_id)
         finally:
             self._release_slots(1, int(claim.failing))
-        if self._free_slots >= self.refill_at and not self._stopping.is_set():
+        if (self._free_slots >= self.refill_at or self._queued.is_set()) and not self._stopping.is_set():
             try:
                 self.scan()
             except Exception:  # on a pool thread: raised, it would vanish into a Future nobody reads
@@ -221,11 +235,11 @@ class Dispatcher:
         (an outage, a full disk), without its response excerpt if the text itself was refused,
         rather than letting the lease expire and the attempt be made again."""
         deadline = time.monotonic() + self.lease_ms / 1000 - LEASE_MARGIN_SECONDS / 2
-        pauses = iter(RECORD_RETRY_SECONDS)
+        pauses = iter(self.record_pauses)
         while True:
             try:
                 with db.connection_context():
-                    return record_attempt(claim, result, attempted_at, finished_at, self.policy, jitter)
+                    return self.record(claim, result, attempted_at, finished_at, self.policy, jitter)
             except Exception as error:  # noqa: BLE001 - logged, then retried or re-raised
                 pause = next(pauses, None)
                 if pause is None or time.monotonic() + pause > deadline:

@@ -130,6 +130,7 @@ class Subscription(BaseModel):
     consecutive_failures = IntegerField(default=0, constraints=default("0"))
     auto_disabled_at = BigIntegerField(null=True)
     created_at = BigIntegerField()
+    deleted_at = BigIntegerField(null=True)
 
     class Meta:
         indexes = ((("organization", "created_at", "id"), False),)
@@ -153,6 +154,8 @@ class Delivery(BaseModel):
     attempts = IntegerField(default=0, constraints=default("0"))
     due_at = BigIntegerField(null=True)
     lease_token = TextField(null=True)
+    seq = BigIntegerField(default=0, constraints=default("0"))
+    unrecorded = IntegerField(default=0, constraints=default("0"))
 
 
 # Literal, not bound parameters: SQLite uses a partial index only for a query that repeats its
@@ -163,6 +166,8 @@ IS_OPEN, IS_IN_FLIGHT = SQL(OPEN_CONDITION), SQL(IN_FLIGHT_CONDITION)
 Delivery.add_index(ModelIndex(Delivery, (Delivery.due_at,), name="delivery_due_at").where(IS_OPEN))
 Delivery.add_index(ModelIndex(Delivery, (Delivery.subscription,), name="delivery_in_flight")
                    .where(IS_IN_FLIGHT))
+Delivery.add_index(ModelIndex(Delivery, (Delivery.subscription, Delivery.due_at, Delivery.seq),
+                              name="delivery_queue").where(IS_OPEN))
 Delivery.add_index(ModelIndex(Delivery, (Delivery.subscription, Delivery.state),
                               name="delivery_subscription_id_state"))
 

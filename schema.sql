@@ -31,8 +31,11 @@ CREATE TABLE IF NOT EXISTS "subscription" (
     "consecutive_failures" INTEGER NOT NULL DEFAULT 0,
     "auto_disabled_at" BIGINT,
     "created_at" BIGINT NOT NULL,
+    "deleted_at" BIGINT,
     FOREIGN KEY ("organization_id") REFERENCES "organization" ("id")
 );
+-- `deleted_at` is set when the partner deletes it: from then on it is hidden from every query and
+-- never claimed, and retention.purge_deleted removes it and its history in short batches.
 -- Keyset pagination of an organization's subscriptions, oldest first.
 CREATE INDEX IF NOT EXISTS "subscription_organization_id_created_at_id"
     ON "subscription" ("organization_id", "created_at", "id");
@@ -54,6 +57,8 @@ CREATE INDEX IF NOT EXISTS "event_created_at" ON "event" ("created_at");
 -- The delivery state of one event. `due_at` is when it is next claimable: the next attempt
 -- time while pending, the lease expiry while in flight, null once delivered or dead.
 -- `subscription_id` repeats the event's, so that claims can skip busy subscriptions.
+-- `seq` is the enqueue order among the subscription's open deliveries (claims.py), and
+-- `unrecorded` counts attempts claimed again after their lease expired without an outcome.
 CREATE TABLE IF NOT EXISTS "delivery" (
     "event_id" TEXT NOT NULL PRIMARY KEY,
     "subscription_id" TEXT NOT NULL,
@@ -61,6 +66,8 @@ CREATE TABLE IF NOT EXISTS "delivery" (
     "attempts" INTEGER NOT NULL DEFAULT 0,
     "due_at" BIGINT,
     "lease_token" TEXT,
+    "seq" BIGINT NOT NULL DEFAULT 0,
+    "unrecorded" INTEGER NOT NULL DEFAULT 0,
     FOREIGN KEY ("event_id") REFERENCES "event" ("id") ON DELETE CASCADE,
     FOREIGN KEY ("subscription_id") REFERENCES "subscription" ("id") ON DELETE CASCADE
 );
@@ -70,6 +77,10 @@ CREATE INDEX IF NOT EXISTS "delivery_due_at"
 -- The few attempts in flight, by subscription: a subscription has at most one at a time.
 CREATE INDEX IF NOT EXISTS "delivery_in_flight"
     ON "delivery" ("subscription_id") WHERE "state" = 'in_flight';
+-- Each subscription's open deliveries in claim order: its oldest due one, and which subscriptions
+-- have any (claims.py walks them one subscription at a time).
+CREATE INDEX IF NOT EXISTS "delivery_queue"
+    ON "delivery" ("subscription_id", "due_at", "seq") WHERE "state" IN ('pending', 'in_flight');
 -- Open deliveries of one subscription, dead-lettered together when it is auto-disabled.
 CREATE INDEX IF NOT EXISTS "delivery_subscription_id_state" ON "delivery" ("subscription_id", "state");
 

@@ -8,6 +8,7 @@ from peewee import fn
 from models import Delivery, Event, Failure, Subscription
 from partner.database import is_sqlite, write_transaction
 from partner.errors import OperatorError
+from partner.subscriptions import LIVE
 
 STATES = (Delivery.PENDING, Delivery.IN_FLIGHT, Delivery.DELIVERED, Delivery.DEAD)
 
@@ -61,7 +62,7 @@ def replay_dead_letters(subscription_id: str, now_ms: int, since_ms: int | None 
 
 
 def _find(subscription_id: str, lock: bool = False) -> Subscription:
-    query = Subscription.select().where(Subscription.id == subscription_id)
+    query = Subscription.select().where((Subscription.id == subscription_id) & LIVE)
     if lock and not is_sqlite():
         query = query.for_update()  # an auto-disable of this subscription waits for the replay
     subscription = query.first()

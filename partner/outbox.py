@@ -12,6 +12,8 @@ import uuid
 from dataclasses import dataclass, field
 
 from models import IN_FLIGHT_CONDITION, IS_OPEN, OPEN_CONDITION, Delivery, Event, Failure, Subscription
+from partner.claims import pick_due
+from partner.config import DEFAULTS
 from partner.database import is_sqlite, keyset_page, new_id, run_sql, select_rows, write_transaction
 from partner.errors import ApiError
 from partner.outbound.transport import AttemptResult
@@ -26,15 +28,15 @@ TEST_PING = "vc.test.ping"
 # (bench/delivery_throughput). Portable, like keys._KEY_LOOKUP, and run by database.run_sql, which
 # fills every {name} in one pass; the state conditions are the partial indexes' own (models), so
 # the indexes still apply.
-_CLAIM = ('UPDATE delivery SET state = {p}, due_at = {p}, lease_token = {p} WHERE event_id IN '
-          '(SELECT event_id FROM delivery WHERE {open} AND due_at <= {p} '
-          'AND subscription_id NOT IN (SELECT subscription_id FROM delivery '
-          'WHERE {in_flight} AND due_at > {p}){healthy} ORDER BY due_at LIMIT {p}{lock}) '
-          'RETURNING event_id, attempts')
-# Added to _CLAIM when subscriptions whose last attempt failed may not take another slot. Disabled
-# subscriptions are never claimed: their open deliveries are dead-lettered when they are disabled.
-_ONLY_HEALTHY = (' AND NOT EXISTS (SELECT 1 FROM subscription AS s WHERE s.id = delivery.subscription_id '
-                 'AND s.consecutive_failures > 0)')
+_ENQUEUE = ('INSERT INTO delivery (event_id, subscription_id, state, due_at, seq) VALUES ({p}, {p}, {p}, {p}, '
+            '(SELECT COALESCE(MAX(seq), 0) + 1 FROM delivery WHERE subscription_id = {p} AND {open}))')
+# Takes the picked deliveries (claims.pick_due) that are still due: on PostgreSQL another service may
+# have taken one since, and SKIP LOCKED passes over one it is taking. A delivery in flight whose
+# lease expired is an attempt whose outcome was never recorded: it is counted here.
+_TAKE = ('UPDATE delivery SET state = {p}, due_at = {p}, lease_token = {p}, '
+         'unrecorded = unrecorded + CASE WHEN {in_flight} THEN 1 ELSE 0 END WHERE event_id IN '
+         '(SELECT event_id FROM delivery WHERE event_id IN ({ids}) AND {open} AND due_at <= {p}{lock}) '
+         'RETURNING event_id, attempts, unrecorded')
 _CLAIMED = ('SELECT e.id AS event_id, e.kind, e.body, e.created_at, s.id AS subscription_id, s.url, '
             's.secret, s.consecutive_failures, s.active FROM event AS e '
             'JOIN subscription AS s ON s.id = e.subscription_id WHERE e.id IN ({ids})')
@@ -75,6 +77,10 @@ class Recorded:
 
 
 NOT_RECORDED = Recorded(False)
+# Attempts whose outcome could not be written (their lease expired first) before the delivery is
+# dead-lettered with this result instead of being sent again.
+MAX_UNRECORDED = 3
+NEVER_RECORDED = AttemptResult(False, None, "not_recorded", "", 0)
 
 
 def trigger_test_ping(org_id: str, subscription_id: str, secret: str, key_id: str,
@@ -109,56 +115,49 @@ def enqueue(subscription: Subscription, kind: str, data: dict, now_ms: int) -> E
     with write_transaction():
         event = Event.create(id=event_id, subscription=subscription, kind=kind, body=body,
                              created_at=now_ms)
-        Delivery.create(event=event, subscription=subscription, state=Delivery.PENDING, due_at=now_ms)
+        run_sql(_ENQUEUE, (event_id, subscription.id, Delivery.PENDING, now_ms, subscription.id), **_CONDITIONS)
     return event
 
 
-def claim_due(now_ms: int, limit: int, lease_ms: int, failing_limit: int | None = None) -> list[Claim]:
+def claim_due(now_ms: int, limit: int, lease_ms: int, failing_limit: int | None = None,
+              auto_disable_threshold: int = DEFAULTS["AUTO_DISABLE_THRESHOLD"]) -> list[Claim]:
     """Claim up to `limit` due deliveries (pending and due, or in flight with an expired lease)
-    for `lease_ms`. Atomic: a due delivery is claimed by exactly one caller, in any process.
-    A subscription has at most one attempt in flight, so one slow target holds one slot at most.
-    At most `failing_limit` (None: any number) go to subscriptions whose last attempt failed."""
+    for `lease_ms`, chosen by claims.pick_due: each subscription's oldest, at most one per subscription,
+    slots shared among organizations, at most `failing_limit` (None: any number) to subscriptions
+    whose last attempt failed. Atomic: a due delivery is claimed by exactly one caller, in any
+    process. Rows not taken are not written. A delivery whose outcome went unrecorded
+    MAX_UNRECORDED times is dead-lettered here instead (`not_recorded`), a failure like any other."""
     if limit <= 0:
         return []
     token = secrets.token_hex(11)  # 22 characters; a tenth of random_token's cost, once per scan
     with write_transaction():
-        kept, released = _claim(now_ms, limit, lease_ms, token, only_healthy=failing_limit == 0)
-        over = [claim for claim in kept if claim.failing][failing_limit:] if failing_limit else []
-        if over:  # failing ones came first in due order: the healthy ones behind them go now
-            kept = [claim for claim in kept if claim not in over]
-            more, also_released = _claim(now_ms, limit - len(kept), lease_ms, token, only_healthy=True)
-            kept += more
-            released += [claim.event_id for claim in over] + also_released
-        if released:  # due again at once
-            run_sql(_RELEASE, (Delivery.PENDING, now_ms, token, *released), ids=len(released))
-    return kept
+        picked = pick_due(now_ms, limit, failing_limit)
+        if not picked:
+            return []
+        lock = "" if is_sqlite() else " FOR UPDATE SKIP LOCKED"
+        taken = {row["event_id"]: row for row in select_rows(
+            _TAKE, (Delivery.IN_FLIGHT, now_ms + lease_ms, token, *picked, now_ms), ids=len(picked),
+            lock=lock, **_CONDITIONS)}
+        if not taken:
+            return []
+        rows = {row["event_id"]: row for row in select_rows(_CLAIMED, taken, ids=len(taken))}
+        kept = [_claim_of(rows[event_id], taken[event_id], token) for event_id in picked if event_id in taken]
+        disabled = [claim for claim in kept if not rows[claim.event_id]["active"]]
+        for claim in disabled:  # queued while it was being disabled: dead-lettered, as disabling does
+            run_sql(_RELEASE, (Delivery.DEAD, None, token, claim.event_id), ids=1)
+            _dead_letter_open(claim.subscription_id)
+        lost = [claim for claim in kept if taken[claim.event_id]["unrecorded"] >= MAX_UNRECORDED
+                and claim not in disabled]
+        for claim in lost:
+            _record_failure(claim, NEVER_RECORDED, now_ms, now_ms, RetryPolicy([], auto_disable_threshold), 0.0)
+    return [claim for claim in kept if claim not in disabled and claim not in lost]
 
 
-def _claim(now_ms: int, limit: int, lease_ms: int, token: str,
-           only_healthy: bool) -> tuple[list[Claim], list[str]]:
-    """Mark up to `limit` due deliveries ours: the claims to attempt (one per subscription, its
-    oldest event) and the event ids to release (their subscription already has one here)."""
-    lock = "" if is_sqlite() else " FOR UPDATE SKIP LOCKED"
-    params = (Delivery.IN_FLIGHT, now_ms + lease_ms, token, now_ms, now_ms, limit)
-    attempts = {row["event_id"]: row["attempts"] for row in select_rows(
-        _CLAIM, params, lock=lock, healthy=_ONLY_HEALTHY if only_healthy else "", **_CONDITIONS)}
-    if not attempts:
-        return [], []
-    chosen, disabled = {}, []
-    for row in sorted(select_rows(_CLAIMED, attempts, ids=len(attempts)), key=lambda r: r["created_at"]):
-        if not row["active"]:  # never sent to a disabled subscription: dead-lettered, as disabling does
-            disabled.append(row["event_id"])
-        else:  # each subscription's oldest goes now
-            chosen.setdefault(row["subscription_id"], row)
-    if disabled:
-        run_sql(_RELEASE, (Delivery.DEAD, None, token, *disabled), ids=len(disabled))
-    # The attempt number is written only when it finishes: an attempt cut short by a crash is
-    # made again under the same number.
-    claims = [Claim(row["event_id"], row["kind"], bytes(row["body"]), attempts[row["event_id"]] + 1, token,
-                    row["subscription_id"], row["url"], row["secret"], row["consecutive_failures"] > 0)
-              for row in chosen.values()]
-    kept = {claim.event_id for claim in claims} | set(disabled)
-    return claims, [event_id for event_id in attempts if event_id not in kept]
+def _claim_of(row: dict, taken: dict, token: str) -> Claim:
+    """A claim from its event and subscription row. The attempt number is written only when an
+    outcome is recorded: an attempt cut short is made again under the same number."""
+    return Claim(row["event_id"], row["kind"], bytes(row["body"]), taken["attempts"] + 1, token,
+                 row["subscription_id"], row["url"], row["secret"], row["consecutive_failures"] > 0)
 
 
 def record_attempt(claim: Claim, result: AttemptResult, attempted_at: int, finished_at: int,
@@ -174,17 +173,24 @@ def record_attempt(claim: Claim, result: AttemptResult, attempted_at: int, finis
             return Recorded(True)
         if not _holds_lease(claim):
             return NOT_RECORDED
-        [streak] = select_rows(_COUNT_FAILURE, (claim.subscription_id,))
-        decision = policy.after_failure(claim.attempt, streak["consecutive_failures"],
-                                        bool(streak["active"]), finished_at, jitter)
-        if decision.auto_disable:
-            _auto_disable(claim.subscription_id, finished_at)
-        next_at = decision.next_attempt_at
-        _finish(claim, Delivery.PENDING if next_at else Delivery.DEAD, next_at)
-        Failure.create(id=new_id("fail"), subscription=claim.subscription_id, event=claim.event_id,
-                       attempt=claim.attempt, http_status=result.http_status, error=result.error,
-                       response_excerpt=result.response_excerpt, duration_ms=result.duration_ms,
-                       attempted_at=attempted_at, next_attempt_at=next_at)
+        return _record_failure(claim, result, attempted_at, finished_at, policy, jitter)
+
+
+def _record_failure(claim: Claim, result: AttemptResult, attempted_at: int, finished_at: int,
+                    policy: RetryPolicy, jitter: float) -> Recorded:
+    """Audit and count a failed attempt whose lease is ours, and decide what follows by `policy`.
+    Call inside a write transaction."""
+    [streak] = select_rows(_COUNT_FAILURE, (claim.subscription_id,))
+    decision = policy.after_failure(claim.attempt, streak["consecutive_failures"],
+                                    bool(streak["active"]), finished_at, jitter)
+    if decision.auto_disable:
+        _auto_disable(claim.subscription_id, finished_at)
+    next_at = decision.next_attempt_at
+    _finish(claim, Delivery.PENDING if next_at else Delivery.DEAD, next_at)
+    Failure.create(id=new_id("fail"), subscription=claim.subscription_id, event=claim.event_id,
+                   attempt=claim.attempt, http_status=result.http_status, error=result.error,
+                   response_excerpt=result.response_excerpt, duration_ms=result.duration_ms,
+                   attempted_at=attempted_at, next_attempt_at=next_at)
     return Recorded(True, next_at, next_at is None, decision.auto_disable)
 
 
@@ -227,5 +233,9 @@ def _auto_disable(subscription_id: str, now_ms: int) -> None:
     one whose process died is never claimed again."""
     Subscription.update(active=False, auto_disabled_at=now_ms).where(
         Subscription.id == subscription_id).execute()
+    _dead_letter_open(subscription_id)
+
+
+def _dead_letter_open(subscription_id: str) -> None:
     (Delivery.update(state=Delivery.DEAD, due_at=None)
      .where(IS_OPEN & (Delivery.subscription == subscription_id)).execute())

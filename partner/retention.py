@@ -1,5 +1,6 @@
 """Retention: delivered and dead-lettered events older than PARTNER_RETENTION_DAYS are deleted with
-their deliveries and failure records. Pending and in-flight work is never touched.
+their deliveries and failure records. Pending and in-flight work is never touched. And deleted
+subscriptions (tombstones: subscriptions.delete_subscription) are purged with their whole history.
 
 Deletes go in small batches, each its own short write transaction (on SQLite the one write lock is
 held for one batch only: bench/state_scale.py measures it), oldest first through event_created_at.
@@ -14,6 +15,7 @@ from dataclasses import dataclass, fields
 from datetime import datetime, timedelta, timezone
 
 from models import Setting, db
+from partner.availability import is_unavailable
 from partner.database import is_sqlite, run_sql, write_transaction
 from partner.timestamps import iso, now_ms
 
@@ -35,6 +37,16 @@ _DELETE = {"failures": "DELETE FROM failure WHERE event_id IN ({ids})",
            "deliveries": "DELETE FROM delivery WHERE event_id IN ({ids})",
            "events": "DELETE FROM event WHERE id IN ({ids})"}
 _CLAIM = "UPDATE setting SET value = {p} WHERE name = {p} AND CAST(value AS BIGINT) <= {p}"
+# A deleted subscription's history, a batch at a time: deliveries first (they leave the due
+# backlog), then failures, then events (whose cascades then find nothing), then the row itself.
+_DELETED = "SELECT id FROM subscription WHERE deleted_at IS NOT NULL LIMIT 1"
+_PURGE = ("DELETE FROM delivery WHERE event_id IN (SELECT event_id FROM delivery WHERE subscription_id = {p} LIMIT {p})",
+          "DELETE FROM failure WHERE id IN (SELECT id FROM failure WHERE subscription_id = {p} LIMIT {p})",
+          "DELETE FROM event WHERE id IN (SELECT id FROM event WHERE subscription_id = {p} LIMIT {p})")
+_PURGE_ROW = "DELETE FROM subscription WHERE id = {p} AND deleted_at IS NOT NULL"
+PURGE_BATCH = 500  # rows of one table per write transaction: a few ms of SQLite's write lock
+PURGE_EVERY_SECONDS = 10
+PURGE_JOB = "purge-deleted"
 
 
 @dataclass
@@ -76,6 +88,45 @@ def prune_batch(before_ms: int, limit: int) -> Pruned:
     return Pruned(**counts)
 
 
+def purge_deleted(batch: int = PURGE_BATCH) -> int:
+    """Remove deleted subscriptions and their history, one short transaction per batch, until none
+    is left; returns how many subscriptions went. Stopped midway (a crash), it finishes at the next
+    run: the tombstone already hides everything left."""
+    purged = 0
+    while rows := _read(_DELETED):
+        [subscription_id] = rows[0]
+        for statement in _PURGE:
+            while _write(statement, (subscription_id, batch)) == batch:
+                time.sleep(PAUSE_SECONDS)
+        _write(_PURGE_ROW, (subscription_id,))
+        purged += 1
+    return purged
+
+
+def _read(statement: str, params=()) -> list:
+    return run_sql(statement, params).fetchall()
+
+
+def _write(statement: str, params) -> int:
+    """One statement in its own write transaction; how many rows it changed."""
+    with write_transaction():
+        return run_sql(statement, params).rowcount
+
+
+def run_purge() -> None:
+    """The scheduler job: purge deleted subscriptions (in every process: batches are idempotent).
+    While the database fails it waits for the next run (the scanner already reports the outage)."""
+    try:
+        with db.connection_context():
+            purged = purge_deleted()
+    except Exception as error:  # noqa: BLE001 - unavailability waits, the rest re-raised
+        if not is_unavailable(error):
+            raise
+        return
+    if purged:
+        log.info("retention: purged %d deleted subscriptions and their history", purged)
+
+
 def claim_daily_run(now: int) -> bool:
     """Whether this process may run today's prune: the first to ask after the lease expires wins,
     and moves the lease a day on, atomically."""
@@ -98,8 +149,11 @@ def run_daily(clock, days: int) -> Pruned | None:
 
 
 def schedule(scheduler, clock, days: int) -> None:
-    """Add the retention job to the dispatcher's scheduler. The first check comes a few minutes
-    after start-up (spread, so workers booting together do not all ask at once)."""
+    """Add the retention jobs to the dispatcher's scheduler. The first daily check comes a few
+    minutes after start-up (spread, so workers booting together do not all ask at once); deleted
+    subscriptions are purged every PURGE_EVERY_SECONDS."""
     first = datetime.now(timezone.utc) + timedelta(seconds=random.uniform(60, 300))
     scheduler.add_job(run_daily, "interval", hours=CHECK_EVERY_HOURS, args=(clock, days),
                       id="retention", next_run_time=first, coalesce=True, max_instances=1)
+    scheduler.add_job(run_purge, "interval", seconds=PURGE_EVERY_SECONDS, id=PURGE_JOB,
+                      coalesce=True, max_instances=1)

@@ -5,9 +5,9 @@ import secrets
 
 from peewee import fn
 
-from models import Delivery, Organization, Subscription
+from models import IN_FLIGHT_CONDITION, Delivery, Organization, Subscription
 from partner import outside_text
-from partner.database import is_sqlite, new_id, page_of, select_rows, write_transaction
+from partner.database import is_sqlite, new_id, page_of, run_sql, select_rows, write_transaction
 from partner.edge.validation import Check, Field
 from partner.errors import ApiError, OperatorError, ValidationError, field_error
 from partner.outbound import ssrf
@@ -16,9 +16,15 @@ from partner.outbound import ssrf
 # cost more than running it (bench/api_overhead). Keyset order over the index on
 # (organization_id, created_at, id); portable, run by database.select_rows.
 _PAGE_COLUMNS = ("SELECT id, url, description, active, consecutive_failures, auto_disabled_at, created_at "
-                 "FROM subscription WHERE organization_id = {p}")
+                 "FROM subscription WHERE organization_id = {p} AND deleted_at IS NULL")
 _FIRST_PAGE = _PAGE_COLUMNS + " ORDER BY created_at, id LIMIT {p}"
 _NEXT_PAGE = _PAGE_COLUMNS + " AND (created_at, id) > ({p}, {p}) ORDER BY created_at, id LIMIT {p}"
+
+# A deleted subscription keeps its row (a tombstone) until retention.purge_deleted removes it with
+# its history in short batches; every query here passes over it.
+LIVE = Subscription.deleted_at.is_null()
+# Frees its in-flight attempt's lease, so an outcome arriving after the delete records nothing.
+_DROP_LEASES = f"UPDATE delivery SET lease_token = NULL WHERE subscription_id = {{p}} AND {IN_FLIGHT_CONDITION}"
 
 MAX_SUBSCRIPTIONS = 100
 MAX_DESCRIPTION_LENGTH = 255
@@ -60,7 +66,7 @@ def create_subscription(org_id: str, url: str, description: str | None,
         if not is_sqlite():
             # Serialize creates per organization so the cap holds under concurrency.
             Organization.select().where(Organization.id == org_id).for_update().execute()
-        if Subscription.select().where(Subscription.organization == org_id).count() >= MAX_SUBSCRIPTIONS:
+        if Subscription.select().where((Subscription.organization == org_id) & LIVE).count() >= MAX_SUBSCRIPTIONS:
             raise ValidationError([field_error(None, "too_many_subscriptions",
                                                f"An organization has at most {MAX_SUBSCRIPTIONS} subscriptions.")])
         return Subscription.create(
@@ -72,7 +78,7 @@ def find_subscription(org_id: str, subscription_id: str) -> Subscription:
     """The organization's subscription, or 404: another organization's is indistinguishable from none."""
     # An id with a control character was never issued, and PostgreSQL refuses NUL in a query.
     subscription = None if outside_text.has_controls(subscription_id) else Subscription.get_or_none(
-        (Subscription.id == subscription_id) & (Subscription.organization == org_id))
+        (Subscription.id == subscription_id) & (Subscription.organization == org_id) & LIVE)
     if subscription is None:
         raise ApiError(404, "not_found", "No such subscription.")
     return subscription
@@ -87,10 +93,12 @@ def list_subscriptions(org_id: str, position: list | None, limit: int):
     return page_of(rows, limit, ["created_at", "id"])
 
 
-def delete_subscription(subscription: Subscription) -> None:
-    """Delete it with its events, deliveries and failures, so nothing more is sent to it."""
+def delete_subscription(subscription: Subscription, now_ms: int) -> None:
+    """Delete it at once for the partner (404, not listed, nothing more sent) in one short write;
+    its events, deliveries and failures go later, in batches (retention.purge_deleted)."""
     with write_transaction():
-        subscription.delete_instance()
+        Subscription.update(deleted_at=now_ms).where((Subscription.id == subscription.id) & LIVE).execute()
+        run_sql(_DROP_LEASES, (subscription.id,))
 
 
 def subscriptions_overview(slug: str | None = None, disabled_only: bool = False) -> list[Subscription]:
@@ -101,7 +109,7 @@ def subscriptions_overview(slug: str | None = None, disabled_only: bool = False)
                 .where((Delivery.subscription == Subscription.id) & Delivery.state.in_(states)))
     query = (Subscription.select(Subscription, Organization, count((Delivery.PENDING, Delivery.IN_FLIGHT)).alias("pending"),
                                  count((Delivery.DEAD,)).alias("dead"))
-             .join(Organization).order_by(Organization.slug, Subscription.created_at, Subscription.id))
+             .join(Organization).where(LIVE).order_by(Organization.slug, Subscription.created_at, Subscription.id))
     if slug:
         query = query.where(Organization.slug == slug)
     if disabled_only:
@@ -114,7 +122,7 @@ def enable_subscription(subscription_id: str) -> Subscription:
     dead: enabling resends nothing (see replay_dead_letters)."""
     with write_transaction():
         updated = (Subscription.update(active=True, auto_disabled_at=None, consecutive_failures=0)
-                   .where(Subscription.id == subscription_id).execute())
+                   .where((Subscription.id == subscription_id) & LIVE).execute())
     if not updated:
         raise OperatorError(f"No subscription {subscription_id!r}.")
     return Subscription.get_by_id(subscription_id)

@@ -44,7 +44,7 @@ def pytest_generate_tests(metafunc):
 # Fixtures that start a real server process: a test that uses one (or runs on PostgreSQL) is
 # marked `servers`, and `make test-fast` leaves it out.
 SERVER_FIXTURES = {"postgres_server", "own_postgres_server", "redis_server", "server_env", "gunicorn"}
-SERVER_MODULES = {"test_api_live", "test_bench", "test_disk_full"}  # a browser, benches, a tmpfs
+SERVER_MODULES = {"test_api_live", "test_disk_full"}  # a browser, a tmpfs
 
 
 def pytest_collection_modifyitems(items):

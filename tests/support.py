@@ -82,7 +82,7 @@ def query_plan(database, action) -> str:
         connection.set_trace_callback(None)
     plans = []
     for sql in statements:
-        if sql.lstrip().upper().startswith(("SELECT", "UPDATE")):
+        if sql.lstrip().upper().startswith(("SELECT", "UPDATE", "WITH")):
             plans += [row[-1] for row in database.execute_sql(f"EXPLAIN QUERY PLAN {sql}").fetchall()]
     return "\n".join(plans)
 

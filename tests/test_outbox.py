@@ -14,6 +14,7 @@ from models import Delivery, Event, Failure, Subscription, db
 from partner.outbox import (NOT_RECORDED, Recorded, claim_due, enqueue_test_ping, failures_page, record_attempt,
                     trigger_test_ping)
 from partner.retry import RetryPolicy
+from partner.retention import purge_deleted
 from partner.subscriptions import create_subscription, delete_subscription
 from tests.support import query_plan, run_together
 from partner.outbound.transport import AttemptResult
@@ -473,7 +474,7 @@ def test_the_current_claim_still_finishes_after_a_stale_one_tried(subscription):
 def test_a_finish_after_the_subscription_was_deleted_records_nothing(subscription):
     enqueue_ping(subscription)
     claim = claim_one()
-    delete_subscription(subscription)
+    delete_subscription(subscription, NOW)
     assert fail(claim) == NOT_RECORDED
     assert not succeed(claim).recorded
     assert Failure.select().count() == 0
@@ -492,7 +493,8 @@ def test_deleting_a_subscription_deletes_its_events_deliveries_and_failures(subs
     assert [count(model, subscription) for model in (Event, Delivery, Failure)] == [3, 3, 2]
     assert sorted(d.state for d in Delivery.select()) == ["dead", "dead", "in_flight", "in_flight",
                                                           "pending", "pending"]
-    delete_subscription(subscription)
+    delete_subscription(subscription, NOW + 30)
+    assert purge_deleted() == 1
     assert Subscription.get_or_none(Subscription.id == subscription.id) is None
     assert [count(model, subscription) for model in (Event, Delivery, Failure)] == [0, 0, 0]
     assert [count(model, other_subscription) for model in (Event, Delivery, Failure)] == [3, 3, 2]
@@ -502,12 +504,15 @@ def test_deleting_a_subscription_deletes_its_events_deliveries_and_failures(subs
 # --- query plans ----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("failing_limit", [None, 0, 1])
-def test_the_claim_uses_the_partial_due_index(database, subscription, failing_limit):
+def test_the_claim_walks_the_queue_index_not_the_deliveries(database, subscription, failing_limit):
     for offset in range(3):
         enqueue_ping(subscription, NOW + offset)
     plan = query_plan(database, lambda: claim_due(NOW + 10, 2, LEASE, failing_limit))
-    assert "USING INDEX delivery_due_at" in plan
-    assert "TEMP B-TREE" not in plan  # due order comes from the index, not from a sort
+    assert "SEARCH delivery USING INDEX delivery_queue (subscription_id>?)" in plan  # the walk
+    assert "SEARCH delivery USING INDEX delivery_queue (subscription_id=? AND due_at<?)" in plan  # a head
+    # Only candidates (one per subscription) are sorted; no delivery row is read outside an index.
+    assert not [line for line in plan.splitlines() if line.startswith("SCAN") and "INDEX" not in line
+                and "delivery" in line]
 
 
 @pytest.mark.parametrize("position", [None, [NOW + 5, "fail_zzzzzzzzzzzzzzzzzzzz"]], ids=["first", "next"])

@@ -107,11 +107,12 @@ def test_every_table_round_trips(database):
                   created_at=BIG_MS, revoked_at=BIG_MS + 1)
     subscription = Subscription.create(id="wh_1", organization=org, url="https://partner.example/é",
                                        description=None, secret="whsec_x", active=False,
-                                       consecutive_failures=3, auto_disabled_at=BIG_MS, created_at=BIG_MS)
+                                       consecutive_failures=3, auto_disabled_at=BIG_MS, created_at=BIG_MS,
+                                       deleted_at=BIG_MS + 2)
     event = Event.create(id="evt_1", subscription=subscription, kind="vc.test.ping", body=BODY,
                          created_at=BIG_MS)
     Delivery.create(event=event, subscription=subscription, state=Delivery.PENDING, attempts=2,
-                    due_at=BIG_MS, lease_token=None)
+                    due_at=BIG_MS, lease_token=None, seq=BIG_MS, unrecorded=1)
     Failure.create(id="fail_1", subscription=subscription, event=event, attempt=2, http_status=None,
                    error="timeout", response_excerpt="", duration_ms=10_000, attempted_at=BIG_MS,
                    next_attempt_at=None)
@@ -122,11 +123,12 @@ def test_every_table_round_trips(database):
                   "scopes": "identity:read", "created_at": BIG_MS, "revoked_at": BIG_MS + 1}],
         Subscription: [{"id": "wh_1", "organization": "org_1", "url": "https://partner.example/é",
                         "description": None, "secret": "whsec_x", "active": False,
-                        "consecutive_failures": 3, "auto_disabled_at": BIG_MS, "created_at": BIG_MS}],
+                        "consecutive_failures": 3, "auto_disabled_at": BIG_MS, "created_at": BIG_MS,
+                        "deleted_at": BIG_MS + 2}],
         Event: [{"id": "evt_1", "subscription": "wh_1", "kind": "vc.test.ping", "body": BODY,
                  "created_at": BIG_MS}],
         Delivery: [{"event": "evt_1", "subscription": "wh_1", "state": "pending", "attempts": 2,
-                    "due_at": BIG_MS, "lease_token": None}],
+                    "due_at": BIG_MS, "lease_token": None, "seq": BIG_MS, "unrecorded": 1}],
         Failure: [{"id": "fail_1", "subscription": "wh_1", "event": "evt_1", "attempt": 2,
                    "http_status": None, "error": "timeout", "response_excerpt": "", "duration_ms": 10_000,
                    "attempted_at": BIG_MS, "next_attempt_at": None}],

@@ -1,0 +1,70 @@
+"""Which due deliveries a claim takes: the one place the order and the fair share are decided.
+
+Order. A subscription's next delivery is its oldest due one: by due time, then by enqueue order
+(`seq`, one more than the highest of its open deliveries when queued; two enqueues committing
+at the same moment on PostgreSQL may share one, and were not ordered anyway). A claim takes at most one
+delivery per subscription, and a subscription with an attempt in flight under a live lease takes
+none, so a subscription's deliveries go out one at a time in that order. A failed attempt is due
+again later (its retry time): deliveries due before it go first.
+
+Fair share: round robin, weighted by what each organization already holds. Each candidate is a
+subscription's oldest due delivery. Within an organization the candidates are numbered 1, 2, ...
+oldest head first; a candidate's turn is that number plus the organization's attempts in flight
+now (in every process: the leases in the database). Free slots go in turn order. So when several
+organizations have due deliveries, each gets one slot before any gets a second, and one that
+already holds many slots waits until the others catch up; an organization alone still takes every
+slot. Round robin rather than a fixed per-organization cap: a cap leaves slots idle when few
+organizations are busy, and its size would depend on how many are; turns need no such number.
+Subscriptions within an organization share the same way (one head each, oldest first).
+Subscriptions whose last attempt failed take at most `failing_limit` of the slots, in turn order.
+
+The candidates are found without reading the backlog: a walk over the delivery_queue index visits
+each subscription with open deliveries once (a loose index scan, written as a recursive query
+because neither database does it on its own), and reads that subscription's head from the same
+index. A claim costs the number of subscriptions with open work, not the number of due deliveries.
+"""
+
+from models import IN_FLIGHT_CONDITION, OPEN_CONDITION
+from partner.database import select_rows
+
+# Portable (SQLite 3.25+ and PostgreSQL: recursive CTEs and window functions), run by
+# database.select_rows. The state conditions are the partial indexes' own, word for word.
+_PICK = """
+WITH RECURSIVE queued (id) AS (
+    SELECT * FROM (SELECT subscription_id FROM delivery WHERE {open}
+                   ORDER BY subscription_id, due_at LIMIT 1) AS lowest
+    UNION ALL
+    SELECT (SELECT subscription_id FROM delivery WHERE {open} AND subscription_id > queued.id
+            ORDER BY subscription_id, due_at LIMIT 1)
+    FROM queued WHERE queued.id IS NOT NULL),
+heads AS (
+    SELECT s.organization_id AS org, s.consecutive_failures > 0 AS failing,
+           d.event_id, d.due_at, d.seq
+    FROM queued JOIN subscription AS s ON s.id = queued.id
+    JOIN delivery AS d ON d.event_id = (
+        SELECT event_id FROM delivery WHERE subscription_id = s.id AND {open} AND due_at <= {p}
+        ORDER BY due_at, seq LIMIT 1)
+    WHERE s.deleted_at IS NULL AND NOT EXISTS (
+        SELECT 1 FROM delivery WHERE subscription_id = s.id AND {in_flight} AND due_at > {p})),
+held AS (
+    SELECT s.organization_id AS org, COUNT(*) AS slots
+    FROM delivery AS d JOIN subscription AS s ON s.id = d.subscription_id
+    WHERE {in_flight} AND d.due_at > {p} GROUP BY s.organization_id),
+turns AS (
+    SELECT heads.*, COALESCE(held.slots, 0)
+           + ROW_NUMBER() OVER (PARTITION BY heads.org ORDER BY due_at, seq, event_id) AS turn
+    FROM heads LEFT JOIN held ON held.org = heads.org),
+ranked AS (
+    SELECT turns.*, ROW_NUMBER() OVER (PARTITION BY failing ORDER BY turn, due_at, seq, event_id) AS nth
+    FROM turns)
+SELECT event_id FROM ranked WHERE NOT failing OR nth <= {p}
+ORDER BY turn, due_at, seq, event_id LIMIT {p}
+"""
+_CONDITIONS = {"open": OPEN_CONDITION, "in_flight": IN_FLIGHT_CONDITION}
+
+
+def pick_due(now_ms: int, limit: int, failing_limit: int | None) -> list[str]:
+    """The event ids of up to `limit` deliveries to claim now, in turn order (module docstring)."""
+    failing = limit if failing_limit is None else failing_limit
+    rows = select_rows(_PICK, (now_ms, now_ms, now_ms, failing, limit), **_CONDITIONS)
+    return [row["event_id"] for row in rows]

@@ -1,0 +1,134 @@
+"""Deleting a subscription: gone for the partner at once (a tombstone), its history purged later in
+short batches (retention.purge_deleted), and nobody else waits for it."""
+
+import threading
+import time
+
+import pytest
+
+from models import Delivery, Event, Failure, Subscription, db
+from partner.outbox import claim_due
+from partner.retention import purge_deleted
+from partner.subscriptions import subscriptions_overview
+from tests.support import WEBHOOKS, assert_problem, bearer, json_of
+
+LEASE = 40_000
+
+
+@pytest.fixture
+def config(config):
+    config.setdefault("WEBHOOK_ALLOWED_NETWORKS", ["127.0.0.0/8"])
+    return config
+
+
+@pytest.fixture
+def subscribe(client, auth, receiver):
+    """Subscriptions to a loopback receiver (only the test with a running scanner sends to it)."""
+    def subscribe(headers=auth) -> dict:
+        return json_of(client.post(WEBHOOKS, json={"url": receiver.url}, headers=headers), 201)
+    return subscribe
+
+
+def ping(client, auth, subscription: dict):
+    return client.post(f"{WEBHOOKS}/{subscription['id']}/test", json={"secret": subscription["secret"]},
+                       headers=auth)
+
+
+def add_history(subscription_id: str, events: int, failures_each: int, now: int) -> None:
+    """Finished events with many failure records each, written in bulk (plain executemany: building
+    a hundred thousand ORM rows would take most of the test's time)."""
+    event_ids = [f"evt_bulk_{subscription_id}_{n}" for n in range(events)]
+    p = db.param
+    with db.atomic():
+        cursor = db.cursor()
+        cursor.executemany(f"INSERT INTO event (id, subscription_id, kind, body, created_at) "
+                           f"VALUES ({p}, {p}, 'vc.test.ping', {p}, {p})",
+                           [(e, subscription_id, b"{}", now) for e in event_ids])
+        cursor.executemany(f"INSERT INTO delivery (event_id, subscription_id, state) VALUES ({p}, {p}, 'dead')",
+                           [(e, subscription_id) for e in event_ids])
+        cursor.executemany(f"INSERT INTO failure (id, subscription_id, event_id, attempt, error, response_excerpt, "
+                           f"duration_ms, attempted_at) VALUES ({p}, {p}, {p}, 1, 'timeout', '', 1, {p})",
+                           [(f"fail_{e}_{a}", subscription_id, e, now)
+                            for e in event_ids for a in range(failures_each)])
+
+
+def history(subscription_id: str) -> list[int]:
+    return [model.select().where(model.subscription == subscription_id).count()
+            for model in (Event, Delivery, Failure)]
+
+
+def test_a_deleted_subscription_is_gone_at_once_and_its_history_later(app, client, auth, subscribe, clock):
+    gone, kept = subscribe(), subscribe()
+    for subscription in (gone, kept):
+        assert ping(client, auth, subscription).status_code == 202
+    with app.app_context(), db.connection_context():
+        add_history(gone["id"], 10, 3, int(clock() * 1000))
+    assert client.delete(f"{WEBHOOKS}/{gone['id']}", headers=auth).status_code == 204
+    # Nothing purged yet (as after a crash right after the delete): still nothing visible.
+    assert_problem(client.delete(f"{WEBHOOKS}/{gone['id']}", headers=auth), 404, "not_found")
+    assert_problem(client.get(f"{WEBHOOKS}/{gone['id']}/failures", headers=auth), 404, "not_found")
+    assert_problem(ping(client, auth, gone), 404, "not_found")
+    assert [s["id"] for s in json_of(client.get(WEBHOOKS, headers=auth), 200)["data"]] == [kept["id"]]
+    with app.app_context(), db.connection_context():
+        assert [s.id for s in subscriptions_overview()] == [kept["id"]]
+        assert {c.subscription_id for c in claim_due(int(clock() * 1000), 64, LEASE)} == {kept["id"]}
+        assert history(gone["id"]) == [11, 11, 30]
+        assert purge_deleted(batch=7) == 1
+        assert history(gone["id"]) == [0, 0, 0]
+        assert Subscription.get_or_none(Subscription.id == gone["id"]) is None
+        assert history(kept["id"]) == [1, 1, 0]
+        assert purge_deleted() == 0
+
+
+def test_a_deleted_subscription_no_longer_counts_toward_the_cap(app, client, auth, subscribe):
+    subscriptions = [subscribe() for _ in range(100)]
+    assert client.delete(f"{WEBHOOKS}/{subscriptions[0]['id']}", headers=auth).status_code == 204
+    subscribe()
+
+
+def test_deleting_a_long_history_blocks_no_other_organization(app, client, auth, subscribe, issue_key, clock):
+    doomed = subscribe()
+    with app.app_context(), db.connection_context():
+        add_history(doomed["id"], 1_000, 100, int(clock() * 1000))  # 100,000 failure records
+    other = bearer(issue_key("other", rate_limit=100_000))
+    theirs = subscribe(other)
+    done, answers = threading.Event(), []
+
+    def delete_and_purge():
+        try:
+            assert client.delete(f"{WEBHOOKS}/{doomed['id']}", headers=auth).status_code == 204
+            with app.app_context(), db.connection_context():
+                purge_deleted()
+        finally:
+            done.set()
+
+    deleter = threading.Thread(target=delete_and_purge)
+    deleter.start()
+    while not done.is_set():  # the other organization keeps writing meanwhile
+        started = time.monotonic()
+        status = ping(app.test_client(), other, theirs).status_code
+        answers.append((status, time.monotonic() - started))
+    deleter.join()
+    assert {status for status, _ in answers} == {202}
+    assert max(seconds for _, seconds in answers) < 1
+    assert len(answers) > 10
+    with app.app_context(), db.connection_context():
+        assert history(doomed["id"]) == [0, 0, 0]
+
+
+@pytest.mark.config(SCHEDULER_ENABLED=True)
+def test_a_running_service_purges_a_deleted_subscription_at_once(app, client, auth, subscribe, clock):
+    gone = subscribe()
+    assert ping(client, auth, gone).status_code == 202
+    dispatcher = app.extensions["delivery"]
+    dispatcher.start()
+    try:
+        assert client.delete(f"{WEBHOOKS}/{gone['id']}", headers=auth).status_code == 204
+        deadline = time.monotonic() + 5
+        with app.app_context(), db.connection_context():
+            while Subscription.get_or_none(Subscription.id == gone["id"]) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert Subscription.get_or_none(Subscription.id == gone["id"]) is None
+            assert history(gone["id"]) == [0, 0, 0]
+    finally:
+        dispatcher.stop()

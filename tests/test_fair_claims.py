@@ -1,0 +1,225 @@
+"""Which deliveries a claim takes (claims.py): each subscription's oldest first, nothing written back
+that it does not keep, slots shared among organizations, and attempts that never record counted.
+The claim is stepped by hand on the real database; one test sends a real backlog to a receiver."""
+
+import time
+
+import pytest
+
+from models import Delivery, Failure, Subscription, db
+from partner.keys import create_key
+from partner.outbox import MAX_UNRECORDED, claim_due, enqueue_test_ping, record_attempt, release
+from partner.outbound.transport import AttemptResult
+from partner.retry import RetryPolicy
+from partner.subscriptions import create_subscription
+from tests.receivers import hang
+
+NOW = 1_800_000_000_123
+LEASE = 40_000
+URL = "http://93.184.215.14/hook"  # never contacted by the stepped tests
+POLICY = RetryPolicy([60, 300], 20)
+CLOCK_START = NOW / 1000
+
+
+@pytest.fixture
+def database(app):
+    with app.app_context(), db.connection_context():
+        yield db
+
+
+@pytest.fixture
+def organization(database):
+    """organization("a") creates an organization with its key; returns its id."""
+    return lambda slug: create_key(slug, ["webhooks:manage"], NOW).key.organization.id
+
+
+def subscriptions(org_id: str, count: int, url: str = URL) -> list[Subscription]:
+    return [create_subscription(org_id, url, None, NOW) for _ in range(count)]
+
+
+def ping(subscription, at: int = NOW) -> str:
+    return enqueue_test_ping(subscription, "KEYID", at).id
+
+
+def deliver(claim, at: int = NOW) -> None:
+    record_attempt(claim, AttemptResult(True, 200, None, "", 1), at, at + 1, POLICY, jitter=0)
+
+
+def inversions(order: list[int]) -> int:
+    return sum(1 for i, a in enumerate(order) for b in order[i + 1:] if a > b)
+
+
+# --- order ------------------------------------------------------------------------------------
+
+@pytest.mark.both_databases
+def test_pings_queued_in_the_same_millisecond_are_claimed_in_enqueue_order(organization):
+    [subscription] = subscriptions(organization("acme"), 1)
+    queued = [ping(subscription) for _ in range(20)]
+    claimed = []
+    while claims := claim_due(NOW, 64, LEASE):
+        [claim] = claims  # one per subscription
+        claimed.append(claim.event_id)
+        deliver(claim)
+    assert claimed == queued
+
+
+def test_a_claim_writes_back_nothing_it_does_not_keep(organization):
+    [subscription] = subscriptions(organization("acme"), 1)
+    queued = [ping(subscription, NOW + offset) for offset in range(5)]
+    before = {d.event_id: (d.state, d.due_at, d.lease_token) for d in Delivery.select()}
+    [claim] = claim_due(NOW + 100, 64, LEASE)
+    assert claim.event_id == queued[0]
+    after = {d.event_id: (d.state, d.due_at, d.lease_token) for d in Delivery.select()}
+    assert {event_id for event_id in queued if after[event_id] != before[event_id]} == {queued[0]}
+
+
+def test_a_retry_due_later_lets_the_deliveries_due_before_it_go_first(organization):
+    [subscription] = subscriptions(organization("acme"), 1)
+    first, second = ping(subscription), ping(subscription)
+    [claim] = claim_due(NOW, 64, LEASE)
+    record_attempt(claim, AttemptResult(False, 500, "http_status", "", 1), NOW, NOW + 1, POLICY, 0)
+    assert [c.event_id for c in claim_due(NOW + 2, 64, LEASE)] == [second]
+    first_row = Delivery.get_by_id(first)
+    assert (first_row.state, first_row.due_at) == ("pending", NOW + 1 + 60_000)
+
+
+@pytest.mark.both_databases
+@pytest.mark.config(SCHEDULER_ENABLED=True, WEBHOOK_ALLOWED_NETWORKS=["127.0.0.0/8"])
+def test_a_backlog_of_500_pings_reaches_the_receiver_in_order(app, database, organization, receiver):
+    [subscription] = subscriptions(organization("acme"), 1, receiver.url)
+    queued = [ping(subscription) for _ in range(500)]  # all due in the same millisecond
+    dispatcher = app.extensions["delivery"]
+    dispatcher.start()
+    try:
+        assert receiver.wait_for(500, seconds=120)
+    finally:
+        dispatcher.stop()
+    arrived = [queued.index(r.headers["X-VC-Event-Id"]) for r in receiver.received]
+    assert inversions(arrived) == 0
+    assert arrived == list(range(500))
+
+
+# --- fair share -------------------------------------------------------------------------------
+
+@pytest.mark.both_databases
+def test_an_organization_with_one_due_subscription_gets_a_slot_beside_one_with_a_hundred(organization):
+    crowd, single = organization("crowd"), organization("single")
+    for subscription in subscriptions(crowd, 100):
+        ping(subscription, NOW)
+    [lone] = subscriptions(single, 1)
+    lone_ping = ping(lone, NOW + 50)  # due last
+    claimed = [claim.event_id for claim in claim_due(NOW + 100, 8, LEASE)]
+    assert len(claimed) == 8
+    assert lone_ping in claimed
+
+
+def test_an_organization_alone_takes_every_slot(organization):
+    for subscription in subscriptions(organization("crowd"), 12):
+        ping(subscription)
+    assert len(claim_due(NOW, 8, LEASE)) == 8
+
+
+@pytest.mark.both_databases
+def test_an_organization_holding_slots_waits_for_the_others_to_catch_up(organization):
+    crowd, few = organization("crowd"), organization("few")
+    for subscription in subscriptions(crowd, 10):
+        ping(subscription, NOW)
+    assert len(claim_due(NOW, 4, LEASE)) == 4  # the crowd alone: it holds 4 slots now
+    late = [ping(subscription, NOW + 10) for subscription in subscriptions(few, 3)]
+    # The crowd's next turn is its 5th slot; the others' turns are 1, 2, 3: theirs go first.
+    claimed = [claim.event_id for claim in claim_due(NOW + 20, 4, LEASE)]
+    assert set(claimed[:3]) == set(late)
+    assert len(claimed) == 4
+
+
+@pytest.mark.both_databases
+def test_failing_subscriptions_keep_their_cap_within_the_share(organization):
+    crowd, single = organization("crowd"), organization("single")
+    for subscription in subscriptions(crowd, 6):
+        ping(subscription)
+    [lone] = subscriptions(single, 1)
+    ping(lone, NOW + 1)
+    Subscription.update(consecutive_failures=1).execute()  # every one failed its last attempt
+    claimed = claim_due(NOW + 10, 8, LEASE, failing_limit=2)
+    assert len(claimed) == 2
+    assert lone.id in {claim.subscription_id for claim in claimed}
+
+
+# --- attempts whose outcome is never recorded ---------------------------------------------------
+
+@pytest.mark.both_databases
+def test_an_attempt_never_recorded_is_counted_and_the_bound_dead_letters_it(organization):
+    [subscription] = subscriptions(organization("acme"), 1)
+    event_id = ping(subscription)
+    now = NOW
+    for lost in range(MAX_UNRECORDED):  # claimed, attempted, and the outcome never written
+        [claim] = claim_due(now, 8, LEASE)
+        assert claim.attempt == 1
+        assert Delivery.get_by_id(event_id).unrecorded == lost
+        now += LEASE
+    assert claim_due(now, 8, LEASE) == []
+    delivery = Delivery.get_by_id(event_id)
+    assert (delivery.state, delivery.unrecorded, delivery.due_at) == ("dead", MAX_UNRECORDED, None)
+    [failure] = Failure.select()
+    assert (failure.error, failure.attempt, failure.http_status, failure.next_attempt_at) == (
+        "not_recorded", 1, None, None)
+    assert Subscription.get_by_id(subscription.id).consecutive_failures == 1
+
+
+def test_giving_a_claim_back_does_not_count_it_as_unrecorded(organization):
+    [subscription] = subscriptions(organization("acme"), 1)
+    event_id = ping(subscription)
+    release(claim_due(NOW, 8, LEASE), NOW)
+    claim_due(NOW, 8, LEASE)
+    assert Delivery.get_by_id(event_id).unrecorded == 0
+
+
+class RecordRefused(Exception):
+    """What the record step raises, every time, in the test below."""
+
+
+def refuse(*args):
+    raise RecordRefused("the outcome cannot be written")
+
+
+@pytest.mark.config(WEBHOOK_ALLOWED_NETWORKS=["127.0.0.0/8"], AUTO_DISABLE_THRESHOLD=1)
+def test_a_record_step_that_always_fails_ends_in_a_not_recorded_dead_letter(app, clock, database,
+                                                                           organization, receiver):
+    dispatcher = app.extensions["delivery"]
+    dispatcher.record, dispatcher.record_pauses = refuse, ()  # the seams: never written, no retry
+    [subscription] = subscriptions(organization("acme"), 1, receiver.url)
+    event_id = ping(subscription, int(clock() * 1000))
+    for _ in range(MAX_UNRECORDED):
+        with pytest.raises(RecordRefused):
+            dispatcher.run_due()
+        clock.advance(dispatcher.lease_ms / 1000)  # the lease expires: the attempt was never recorded
+    assert dispatcher.run_due() == 0  # dead-lettered by the claim, not sent a fourth time
+    assert [r.headers["X-VC-Event-Id"] for r in receiver.received] == [event_id] * MAX_UNRECORDED
+    assert Delivery.get_by_id(event_id).state == "dead"
+    assert [f.error for f in Failure.select()] == ["not_recorded"]
+    subscription = Subscription.get_by_id(subscription.id)
+    assert (subscription.active, subscription.consecutive_failures) == (False, 1)  # counted: threshold 1
+
+
+@pytest.mark.config(SCHEDULER_ENABLED=True, WEBHOOK_ALLOWED_NETWORKS=["127.0.0.0/8"], DELIVERY_CONCURRENCY=4,
+                    DELIVERY_POLL_INTERVAL=10)
+def test_a_ping_queued_while_every_slot_is_busy_takes_the_first_slot_that_frees(app, database, organization,
+                                                                                start_receiver):
+    crowd, quiet = organization("crowd"), organization("quiet")
+    slow, brief, fast = (start_receiver(script=[hang(3)]), start_receiver(script=[hang(0.3)]),
+                         start_receiver())
+    for subscription in subscriptions(crowd, 3, slow.url) + subscriptions(crowd, 1, brief.url):
+        ping(subscription)
+    [lone] = subscriptions(quiet, 1, fast.url)
+    dispatcher = app.extensions["delivery"]
+    dispatcher.start()
+    try:
+        assert slow.wait_for(3) and brief.wait_for(1)  # all 4 slots busy
+        queued_at = time.monotonic()
+        ping(lone)
+        dispatcher.wake()
+        # One slot frees after 0.3 s, fewer than the refill batch (2 of 4): it is refilled anyway.
+        assert fast.wait_for(1, seconds=2)
+        assert fast.received[0].arrived_at - queued_at < 1.5
+    finally:
+        dispatcher.stop()
