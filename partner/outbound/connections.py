@@ -5,7 +5,9 @@ urllib3 keeps the connections: one pool per (scheme, vetted address, port, TLS s
 most MAX_TARGETS pools (the least recently used closes), each keeping as many idle connections as
 there are delivery threads; a connection the partner closed while idle is noticed and redialled
 before use. For https it verifies the certificate against `server_hostname` (the URL's host, also
-sent as SNI) whatever address was dialled.
+sent as SNI) whatever address was dialled. What it does not do: bound idle sockets per process
+(at worst MAX_TARGETS x threads, in practice those of the partners served at once) or expire them
+(one the partner closed holds its descriptor until its pool is next used or evicted).
 
 urllib3, like requests and httpx, times out per phase: every recv gets the full read timeout again,
 so a partner dripping a byte a second could hold a thread for ever. Every socket we hand it is a
@@ -26,8 +28,8 @@ import certifi
 from urllib3 import HTTPConnectionPool, HTTPSConnectionPool, PoolManager
 from urllib3.connection import HTTPConnection, HTTPSConnection
 
-_CORK = getattr(socket, "TCP_CORK", None)  # Linux; elsewhere each write leaves at once
 MAX_TARGETS = 64  # pools kept per process, one per partner address: each holds its idle sockets
+_CORK = getattr(socket, "TCP_CORK", None)  # Linux; elsewhere each write leaves at once
 
 
 class Deadline(Protocol):
