@@ -11,6 +11,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import pytest
@@ -542,3 +543,22 @@ def test_the_deadline_cuts_a_dripped_body_on_a_reused_connection(serve_raw, serv
     assert result.response_excerpt.startswith("zzz")
     assert TIMEOUT <= elapsed < TIMEOUT + MARGIN
     assert server.accepted == 1
+
+
+def test_a_target_keeps_at_most_connections_per_target_idle(serve_raw):
+    together = threading.Barrier(2)
+
+    def answer_in_pairs(conn, server):  # two requests in flight at once, so two connections
+        while read_request(conn) is not None:
+            together.wait(2)
+            conn.sendall(OK_KEEP_ALIVE)
+
+    server = serve_raw(answer_in_pairs)
+    transport = Transport(connections_per_target=1)
+    try:
+        for _ in range(2):
+            with ThreadPoolExecutor(2) as threads:
+                assert all(threads.map(lambda _: post(target(server.port), transport=transport).ok, range(2)))
+    finally:
+        transport.close()
+    assert server.accepted == 3  # the second pair found one connection kept, and dialled one
