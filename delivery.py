@@ -57,7 +57,7 @@ class Dispatcher:
     def __init__(self, config):
         self.clock = config["CLOCK"]
         self.lookups = Lookups(config["RESOLVER"], threads=max(1, config["DELIVERY_CONCURRENCY"] // 2))
-        self.transport = transport.Transport(config["DELIVERY_CA_BUNDLE"])
+        self.transport = transport.Transport(config["DELIVERY_CA_BUNDLE"], config["DELIVERY_CONCURRENCY"])
         self.allowed_networks = config["ALLOWED_NETWORKS"]
         self.timeout = config["DELIVERY_TIMEOUT"]
         self.policy = RetryPolicy(config["DELIVERY_RETRY_DELAYS"], config["AUTO_DISABLE_THRESHOLD"])

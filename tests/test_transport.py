@@ -11,12 +11,12 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import pytest
 
 from partner.outbound.ssrf import Target
-from partner.outbound.connections import IdleConnections
 from tests.receivers import RawServer, drip_bytes, read_request
 from partner.outbound.transport import EXCERPT_BYTES, AttemptResult, Deadline, Transport
 
@@ -221,7 +221,6 @@ def test_a_huge_body_is_read_only_up_to_the_cap(serve_raw, status, error):
 
     assert (result.http_status, result.error, result.response_excerpt) == (status, error, "x" * EXCERPT_BYTES)
     assert elapsed < 1
-    assert len(transport.idle) == 0  # a response not read to its end leaves its connection unusable
     deadline = time.monotonic() + 2
     while not server.notes and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -460,7 +459,6 @@ def test_a_connection_is_reused_between_two_attempts_to_the_same_target(tls_rece
     assert (first.ok, second.ok) == (True, True)
     assert len(tls_receiver.received) == 2
     assert tls_receiver.connections == 1
-    assert len(tls_transport.idle) == 1
 
 
 def test_a_different_vetted_address_never_reuses_a_connection(tls_receiver, tls_transport):
@@ -472,7 +470,8 @@ def test_a_different_vetted_address_never_reuses_a_connection(tls_receiver, tls_
     # 127.0.0.2 was dialled, and nothing listens there: the idle connection to 127.0.0.1 was not used.
     assert (elsewhere.ok, elsewhere.error) == (False, "connection_error")
     assert (tls_receiver.connections, len(tls_receiver.received)) == (1, 1)
-    assert len(tls_transport.idle) == 1
+    assert post(target(port, HOOK_HOST, ("127.0.0.1",), "https"), transport=tls_transport).ok
+    assert tls_receiver.connections == 1  # the first connection was kept for its own address
 
 
 def test_a_different_host_name_never_reuses_a_connection(serve, tls_receiver, tls_transport):
@@ -546,25 +545,20 @@ def test_the_deadline_cuts_a_dripped_body_on_a_reused_connection(serve_raw, serv
     assert server.accepted == 1
 
 
-def test_idle_connections_expire(receiver):
-    transport = Transport(idle=IdleConnections(idle_seconds=0.2))
+def test_a_target_keeps_at_most_connections_per_target_idle(serve_raw):
+    together = threading.Barrier(2)
+
+    def answer_in_pairs(conn, server):  # two requests in flight at once, so two connections
+        while read_request(conn) is not None:
+            together.wait(2)
+            conn.sendall(OK_KEEP_ALIVE)
+
+    server = serve_raw(answer_in_pairs)
+    transport = Transport(connections_per_target=1)
     try:
-        assert post(target(receiver.port), transport=transport).ok
-        time.sleep(0.3)
-        assert post(target(receiver.port), transport=transport).ok
+        for _ in range(2):
+            with ThreadPoolExecutor(2) as threads:
+                assert all(threads.map(lambda _: post(target(server.port), transport=transport).ok, range(2)))
     finally:
         transport.close()
-    assert receiver.connections == 2
-
-
-def test_the_idle_pool_keeps_at_most_its_bound(serve):
-    transport = Transport(idle=IdleConnections(max_idle=2))
-    receivers = [serve() for _ in range(3)]
-    try:
-        for each in receivers:
-            assert post(target(each.port), transport=transport).ok
-        assert len(transport.idle) == 2
-        assert post(target(receivers[0].port), transport=transport).ok  # the oldest went first
-    finally:
-        transport.close()
-    assert [each.connections for each in receivers] == [2, 1, 1]
+    assert server.accepted == 3  # the second pair found one connection kept, and dialled one

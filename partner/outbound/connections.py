@@ -1,45 +1,57 @@
-"""Connections to partners: dialled to vetted addresses only, bounded by the attempt's deadline, kept
-alive between attempts in a small idle pool.
+"""Connections to partners: urllib3 makes and keeps them; we add the one thing it cannot do, a
+deadline per attempt.
 
-* `client_tls_context` is built once per process: loading a trust store costs tens of
-  milliseconds, far more than the rest of an attempt.
-* `dial` connects to the first vetted address that accepts; a name is never resolved here, so
-  DNS rebinding has nothing to rebind. For https the TLS handshake checks the certificate
-  against the URL's host name (also sent as SNI), whatever address was dialled.
-* `IdleConnections` keeps what a partner left open, keyed by scheme, host, port *and the address
-  dialled*: a connection is only ever reused for an address that was vetted again for this attempt.
+urllib3 keeps the connections: one pool per (scheme, vetted address, port, TLS server name), at
+most MAX_TARGETS pools (the least recently used closes), each keeping as many idle connections as
+there are delivery threads; a connection the partner closed while idle is noticed and redialled
+before use. For https it verifies the certificate against `server_hostname` (the URL's host, also
+sent as SNI) whatever address was dialled. What it does not do: bound idle sockets per process
+(at worst MAX_TARGETS x threads, in practice those of the partners served at once) or expire them
+(one the partner closed holds its descriptor until its pool is next used or evicted).
+
+urllib3, like requests and httpx, times out per phase: every recv gets the full read timeout again,
+so a partner dripping a byte a second could hold a thread for ever. Every socket we hand it is a
+deadline socket instead: before each recv and send it sets its timeout to the time left in this
+thread's attempt (`attempt.deadline`), or fails at once with TimeoutError. A reused connection so
+obeys the new attempt's deadline, and every byte a partner sends shrinks the next read's budget.
 """
 
 from __future__ import annotations
 
 import functools
-import http.client
-import select
 import socket
 import ssl
 import threading
-import time
-from collections import OrderedDict
 from typing import Any, Protocol
 
 import certifi
+from urllib3 import HTTPConnectionPool, HTTPSConnectionPool, PoolManager
+from urllib3.connection import HTTPConnection, HTTPSConnection
 
-# What partners' servers commonly allow (nginx 75 s, Apache and Node.js 5 s): a connection idle
-# longer than this is more likely closed than not. One that closed sooner is caught before use.
-IDLE_SECONDS = 20.0
-MAX_IDLE = 128  # per process, all partners together: a file descriptor each
-
-Key = tuple[str, str, int, str]  # scheme, host, port, address dialled
+MAX_TARGETS = 64  # pools kept per process, one per partner address: each holds its idle sockets
+_CORK = getattr(socket, "TCP_CORK", None)  # Linux; elsewhere each write leaves at once
 
 
 class Deadline(Protocol):
     def remaining(self) -> float: ...
 
 
+class _Attempt(threading.local):
+    """What this thread's attempt tells the connections it uses. A connection serves one thread at
+    a time, so the thread is how urllib3's layers let the attempt reach the socket."""
+
+    deadline: Deadline | None = None
+    dialled = False  # set when a new connection was made: a fresh one is not retried
+    refuse_idle = False  # set for the retry: an idle connection counts as dropped, so one is dialled
+
+
+attempt = _Attempt()
+
+
 @functools.lru_cache(maxsize=4)
 def client_tls_context(ca_bundle: str = "") -> ssl.SSLContext:
-    """The verifying client context of `ca_bundle` (a PEM file) or of requests' default trust store
-    (certifi); built once per bundle and process, then shared by every attempt and thread."""
+    """The verifying client context of `ca_bundle` (a PEM file) or of certifi's trust store; built
+    once per bundle and process (loading one costs tens of milliseconds), shared by every thread."""
     try:
         context = ssl.create_default_context(cafile=ca_bundle or certifi.where())
     except (OSError, ssl.SSLError) as error:
@@ -48,35 +60,51 @@ def client_tls_context(ca_bundle: str = "") -> ssl.SSLContext:
     return context
 
 
-# The deadline is total. Every blocking socket operation (connect, each send and each recv,
-# including those http.client makes while reading the status line and headers) first sets the
-# socket timeout to the time left, or fails at once with TimeoutError when none is left. A server
-# dripping bytes cannot stretch the attempt: every byte it sends shrinks the budget of the next
-# read. A reused connection gets the new attempt's deadline before its first byte is sent.
+def partner_pools(tls: ssl.SSLContext, connections_per_target: int) -> PoolManager:
+    """The process's pools: no retries (the transport decides), no proxy (a PoolManager reads none)."""
+    pools = PoolManager(num_pools=MAX_TARGETS, maxsize=connections_per_target, retries=False,
+                        ssl_context=tls)
+    pools.pool_classes_by_scheme = {"http": _HTTPPool, "https": _HTTPSPool}
+    return pools
+
+
+def _arm(sock: socket.socket) -> None:
+    if attempt.deadline is not None:
+        sock.settimeout(attempt.deadline.remaining())
 
 
 class _DeadlineSocketMixin:
-    deadline: Deadline | None = None
-
-    def _arm(self) -> None:
-        if self.deadline is not None:
-            self.settimeout(self.deadline.remaining())  # type: ignore[attr-defined]
+    corked = False
 
     def recv(self, *args: Any, **kwargs: Any) -> Any:
-        self._arm()
+        self._before_recv()
         return super().recv(*args, **kwargs)  # type: ignore[misc]
 
     def recv_into(self, *args: Any, **kwargs: Any) -> Any:
-        self._arm()
+        self._before_recv()
         return super().recv_into(*args, **kwargs)  # type: ignore[misc]
 
     def send(self, *args: Any, **kwargs: Any) -> Any:
-        self._arm()
+        self._before_send()
         return super().send(*args, **kwargs)  # type: ignore[misc]
 
     def sendall(self, *args: Any, **kwargs: Any) -> Any:
-        self._arm()  # a plain socket's sendall treats its timeout as a total
+        self._before_send()  # a plain socket's sendall treats its timeout as a total
         return super().sendall(*args, **kwargs)  # type: ignore[misc]
+
+    # urllib3 sends a request's head and body in two writes (http.client joins them): corked, they
+    # leave in one segment, and the partner wakes once per request instead of twice.
+    def _before_send(self) -> None:
+        _arm(self)  # type: ignore[arg-type]
+        if _CORK is not None and not self.corked:
+            self.setsockopt(socket.IPPROTO_TCP, _CORK, 1)  # type: ignore[attr-defined]
+            self.corked = True
+
+    def _before_recv(self) -> None:
+        _arm(self)  # type: ignore[arg-type]
+        if self.corked:
+            self.setsockopt(socket.IPPROTO_TCP, _CORK, 0)  # type: ignore[attr-defined]  # sends what is held
+            self.corked = False
 
 
 class _DeadlineSocket(_DeadlineSocketMixin, socket.socket):
@@ -87,138 +115,37 @@ class _DeadlineTLSSocket(_DeadlineSocketMixin, ssl.SSLSocket):
     """Installed as the context's `sslsocket_class`; its sendall loops over send()."""
 
 
-class PartnerConnection(http.client.HTTPConnection):
-    """An HTTP/1.1 connection on a socket `dial` made; it never connects by itself.
+class _DeadlineConnectionMixin:
+    """A urllib3 connection whose socket is a deadline socket."""
 
-    `host` and `port` are the URL's: http.client derives the Host header from them.
-    """
-
-    def __init__(self, key: Key, sock: socket.socket) -> None:
-        scheme, host, port, _ = key
-        super().__init__(host, port)
-        self.default_port = 443 if scheme == "https" else 80  # Host carries :port only when needed
-        self.key = key
-        self.sock = sock
-
-    def connect(self) -> None:
-        raise ConnectionError("connection already closed")  # a closed one is never redialled here
-
-    def arm(self, deadline: Deadline) -> None:
-        """Bound every later socket operation by this attempt's deadline."""
-        self.sock.deadline = deadline  # type: ignore[union-attr]
-
-    def looks_usable(self) -> bool:
-        """False if the partner closed it (or sent anything unasked) while it sat idle."""
-        sock = self.sock
-        if sock is None or (isinstance(sock, ssl.SSLSocket) and sock.pending()):
-            return False
-        poller = select.poll()  # not select(): file descriptors past 1024 are fine
-        poller.register(sock, select.POLLIN | select.POLLPRI)
-        return not poller.poll(0)
-
-
-def dial(scheme: str, host: str, port: int, addresses: tuple[str, ...], deadline: Deadline,
-         tls: ssl.SSLContext) -> PartnerConnection:
-    """Connect to the first of `addresses` that accepts (TLS for https); its key names the one dialled."""
-    sock, address = _connect(addresses, port, deadline)
-    if scheme == "https":
+    def _new_conn(self) -> socket.socket:
+        # urllib3 dials the pool's host, a vetted IP literal: there is no name to resolve.
+        plain: socket.socket = super()._new_conn()  # type: ignore[misc]
+        attempt.dialled = True
+        sock = _DeadlineSocket(plain.family, plain.type, plain.proto, plain.detach())
         try:
-            sock = tls.wrap_socket(sock, server_hostname=host)  # timeout: set by _connect
-        except BaseException:
+            _arm(sock)  # bounds the TLS handshake, if any
+        except TimeoutError:
             sock.close()
             raise
-    connection = PartnerConnection((scheme, host, port, address), sock)
-    connection.arm(deadline)
-    return connection
+        return sock
+
+    @property
+    def is_connected(self) -> bool:
+        return not attempt.refuse_idle and super().is_connected  # type: ignore[misc]
 
 
-def _connect(addresses: tuple[str, ...], port: int, deadline: Deadline) -> tuple[socket.socket, str]:
-    """Each address gets a fair share of the time left: one black-holed address cannot starve the
-    ones after it; the last gets all that remains."""
-    failure: OSError = ConnectionError("no address to connect to")
-    for index, address in enumerate(addresses):
-        share = deadline.remaining() / (len(addresses) - index)
-        family = socket.AF_INET6 if ":" in address else socket.AF_INET
-        sock = None
-        try:
-            sock = _DeadlineSocket(family, socket.SOCK_STREAM)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            sock.settimeout(share)
-            sock.connect((address, port))
-        except OSError as error:
-            if sock is not None:
-                sock.close()
-            failure = error
-            continue
-        sock.settimeout(deadline.remaining())  # bounds the TLS handshake, if any
-        return sock, address
-    raise failure
+class _HTTPConnection(_DeadlineConnectionMixin, HTTPConnection):
+    pass
 
 
-class IdleConnections:
-    """Connections kept open after a complete response, at most `max_idle`, each for `idle_seconds`."""
-
-    def __init__(self, max_idle: int = MAX_IDLE, idle_seconds: float = IDLE_SECONDS) -> None:
-        self.max_idle = max_idle
-        self.idle_seconds = idle_seconds
-        self._lock = threading.Lock()
-        self._idle: OrderedDict[PartnerConnection, float] = OrderedDict()  # oldest first
-        self._by_key: dict[Key, list[PartnerConnection]] = {}
-
-    def take(self, key: Key) -> PartnerConnection | None:
-        """The most recently used live connection for exactly this key, or None."""
-        while True:
-            with self._lock:
-                stale = self._expire(time.monotonic())
-                stack = self._by_key.get(key)
-                connection = stack.pop() if stack else None
-                if connection is not None:
-                    self._forget(connection)
-            _close(stale)
-            if connection is None or connection.looks_usable():
-                return connection
-            connection.close()
-
-    def give(self, connection: PartnerConnection) -> None:
-        """Keep a connection whose last response was read to its end, for the next attempt."""
-        connection.sock.deadline = None  # type: ignore[union-attr]
-        with self._lock:
-            self._idle[connection] = time.monotonic()
-            self._by_key.setdefault(connection.key, []).append(connection)
-            evicted = [self._pop_oldest()] if len(self._idle) > self.max_idle else []
-        _close(evicted)
-
-    def close(self) -> None:
-        with self._lock:
-            connections = list(self._idle)
-            self._idle.clear()
-            self._by_key.clear()
-        _close(connections)
-
-    def __len__(self) -> int:
-        return len(self._idle)
-
-    def _expire(self, now: float) -> list[PartnerConnection]:
-        stale = []
-        while self._idle and now - next(iter(self._idle.values())) > self.idle_seconds:
-            stale.append(self._pop_oldest())
-        return stale
-
-    def _pop_oldest(self) -> PartnerConnection:
-        connection, _ = self._idle.popitem(last=False)
-        self._by_key[connection.key].remove(connection)
-        self._drop_empty(connection.key)
-        return connection
-
-    def _forget(self, connection: PartnerConnection) -> None:
-        del self._idle[connection]
-        self._drop_empty(connection.key)
-
-    def _drop_empty(self, key: Key) -> None:
-        if not self._by_key.get(key):
-            self._by_key.pop(key, None)
+class _HTTPSConnection(_DeadlineConnectionMixin, HTTPSConnection):
+    pass
 
 
-def _close(connections: list[PartnerConnection]) -> None:
-    for connection in connections:
-        connection.close()
+class _HTTPPool(HTTPConnectionPool):
+    ConnectionCls = _HTTPConnection
+
+
+class _HTTPSPool(HTTPSConnectionPool):
+    ConnectionCls = _HTTPSConnection
