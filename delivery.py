@@ -234,7 +234,7 @@ class Dispatcher:
         """Write the outcome; when that fails, write it again with backoff while the lease lasts
         (an outage, a full disk), without its response excerpt if the text itself was refused,
         rather than letting the lease expire and the attempt be made again."""
-        deadline = time.monotonic() + self.lease_ms / 1000 - LEASE_MARGIN_SECONDS / 2
+        deadline = claim.claimed_at + self.lease_ms / 1000 - LEASE_MARGIN_SECONDS / 2
         pauses = iter(self.record_pauses)
         while True:
             try:

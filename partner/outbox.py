@@ -8,6 +8,7 @@ counts if the lease is still ours.
 import hmac
 import json
 import secrets
+import time
 import uuid
 from dataclasses import dataclass, field
 
@@ -64,6 +65,8 @@ class Claim:
     url: str
     secret: str = field(repr=False)  # a repr may reach a log line or a traceback
     failing: bool = False  # the subscription's last attempt failed (consecutive_failures > 0)
+    # When the lease began, on time.monotonic: the outcome must be written before it ends.
+    claimed_at: float = field(default_factory=time.monotonic)
 
 
 @dataclass(frozen=True)

@@ -94,6 +94,12 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+def ping_as(client, headers: dict, subscription: dict):
+    """POST the subscription's test trigger with `headers` (another key's, say); the response."""
+    return client.post(f"{WEBHOOKS}/{subscription['id']}/test", json={"secret": subscription["secret"]},
+                       headers=headers)
+
+
 def raw_exchange(port: int, request: bytes) -> tuple[int, dict, bytes]:
     """Send `request` bytes as they are (no client library fixes them up); return the answer."""
     answer = b""

@@ -10,7 +10,7 @@ from models import Delivery, Event, Failure, Subscription, db
 from partner.outbox import claim_due
 from partner.retention import purge_deleted
 from partner.subscriptions import subscriptions_overview
-from tests.support import WEBHOOKS, assert_problem, bearer, json_of
+from tests.support import WEBHOOKS, assert_problem, bearer, json_of, ping_as
 
 LEASE = 40_000
 
@@ -22,16 +22,12 @@ def config(config):
 
 
 @pytest.fixture
-def subscribe(client, auth, receiver):
-    """Subscriptions to a loopback receiver (only the test with a running scanner sends to it)."""
+def subscribe_receiver(client, auth, receiver):
+    """subscribe_receiver(headers=auth): a subscription of that key's organization to the loopback
+    receiver (only the test with a running scanner sends to it)."""
     def subscribe(headers=auth) -> dict:
         return json_of(client.post(WEBHOOKS, json={"url": receiver.url}, headers=headers), 201)
     return subscribe
-
-
-def ping(client, auth, subscription: dict):
-    return client.post(f"{WEBHOOKS}/{subscription['id']}/test", json={"secret": subscription["secret"]},
-                       headers=auth)
 
 
 def add_history(subscription_id: str, events: int, failures_each: int, now: int) -> None:
@@ -57,17 +53,17 @@ def history(subscription_id: str) -> list[int]:
             for model in (Event, Delivery, Failure)]
 
 
-def test_a_deleted_subscription_is_gone_at_once_and_its_history_later(app, client, auth, subscribe, clock):
-    gone, kept = subscribe(), subscribe()
+def test_a_deleted_subscription_is_gone_at_once_and_its_history_later(app, client, auth, subscribe_receiver, clock):
+    gone, kept = subscribe_receiver(), subscribe_receiver()
     for subscription in (gone, kept):
-        assert ping(client, auth, subscription).status_code == 202
+        assert ping_as(client, auth, subscription).status_code == 202
     with app.app_context(), db.connection_context():
         add_history(gone["id"], 10, 3, int(clock() * 1000))
     assert client.delete(f"{WEBHOOKS}/{gone['id']}", headers=auth).status_code == 204
     # Nothing purged yet (as after a crash right after the delete): still nothing visible.
     assert_problem(client.delete(f"{WEBHOOKS}/{gone['id']}", headers=auth), 404, "not_found")
     assert_problem(client.get(f"{WEBHOOKS}/{gone['id']}/failures", headers=auth), 404, "not_found")
-    assert_problem(ping(client, auth, gone), 404, "not_found")
+    assert_problem(ping_as(client, auth, gone), 404, "not_found")
     assert [s["id"] for s in json_of(client.get(WEBHOOKS, headers=auth), 200)["data"]] == [kept["id"]]
     with app.app_context(), db.connection_context():
         assert [s.id for s in subscriptions_overview()] == [kept["id"]]
@@ -80,18 +76,18 @@ def test_a_deleted_subscription_is_gone_at_once_and_its_history_later(app, clien
         assert purge_deleted() == 0
 
 
-def test_a_deleted_subscription_no_longer_counts_toward_the_cap(app, client, auth, subscribe):
-    subscriptions = [subscribe() for _ in range(100)]
+def test_a_deleted_subscription_no_longer_counts_toward_the_cap(app, client, auth, subscribe_receiver):
+    subscriptions = [subscribe_receiver() for _ in range(100)]
     assert client.delete(f"{WEBHOOKS}/{subscriptions[0]['id']}", headers=auth).status_code == 204
-    subscribe()
+    subscribe_receiver()
 
 
-def test_deleting_a_long_history_blocks_no_other_organization(app, client, auth, subscribe, issue_key, clock):
-    doomed = subscribe()
+def test_deleting_a_long_history_blocks_no_other_organization(app, client, auth, subscribe_receiver, issue_key, clock):
+    doomed = subscribe_receiver()
     with app.app_context(), db.connection_context():
         add_history(doomed["id"], 1_000, 100, int(clock() * 1000))  # 100,000 failure records
     other = bearer(issue_key("other", rate_limit=100_000))
-    theirs = subscribe(other)
+    theirs = subscribe_receiver(other)
     done, answers = threading.Event(), []
 
     def delete_and_purge():
@@ -106,7 +102,7 @@ def test_deleting_a_long_history_blocks_no_other_organization(app, client, auth,
     deleter.start()
     while not done.is_set():  # the other organization keeps writing meanwhile
         started = time.monotonic()
-        status = ping(app.test_client(), other, theirs).status_code
+        status = ping_as(app.test_client(), other, theirs).status_code
         answers.append((status, time.monotonic() - started))
     deleter.join()
     assert {status for status, _ in answers} == {202}
@@ -117,9 +113,9 @@ def test_deleting_a_long_history_blocks_no_other_organization(app, client, auth,
 
 
 @pytest.mark.config(SCHEDULER_ENABLED=True)
-def test_a_running_service_purges_a_deleted_subscription_at_once(app, client, auth, subscribe, clock):
-    gone = subscribe()
-    assert ping(client, auth, gone).status_code == 202
+def test_a_running_service_purges_a_deleted_subscription_at_once(app, client, auth, subscribe_receiver, clock):
+    gone = subscribe_receiver()
+    assert ping_as(client, auth, gone).status_code == 202
     dispatcher = app.extensions["delivery"]
     dispatcher.start()
     try:

@@ -1,5 +1,6 @@
 """End-to-end delivery: real receivers on 127.0.0.1, the clock stepped, the queue stepped with run_due()."""
 
+import dataclasses
 import functools
 import gzip
 import json
@@ -566,3 +567,24 @@ def test_a_failing_refill_scan_is_logged_not_lost(app, dispatcher, receiver, sub
 
 def _refill_errors(caplog) -> list:
     return [r for r in caplog.records if r.name == "delivery" and r.levelname == "ERROR" and r.exc_info]
+
+
+def test_an_outcome_is_written_again_only_while_the_claims_lease_lasts(app, dispatcher, clock, receiver,
+                                                                        subscribe, ping):
+    """The lease runs from the claim, not from the end of the attempt: a slow attempt leaves less
+    time to write its outcome again, and no retry may outlive the lease."""
+    writes = []
+
+    def refuse(*args):
+        writes.append(time.monotonic())
+        raise RuntimeError("the outcome cannot be written")
+
+    dispatcher.record, dispatcher.record_pauses = refuse, (0.01, 0.01, 0.01)
+    ping(subscribe(receiver.url))
+    with db.connection_context():
+        [claim] = claim_due(int(clock() * 1000), 1, dispatcher.lease_ms)
+    # As if the attempt had taken all but 10 s of the lease (a partner answering at the deadline).
+    claim = dataclasses.replace(claim, claimed_at=claim.claimed_at - dispatcher.lease_ms / 1000 + 10)
+    with pytest.raises(RuntimeError):
+        dispatcher.attempt(claim)
+    assert len(writes) == 1  # past the lease's safe end (half its margin before it): no retry

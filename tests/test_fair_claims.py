@@ -37,7 +37,7 @@ def subscriptions(org_id: str, count: int, url: str = URL) -> list[Subscription]
     return [create_subscription(org_id, url, None, NOW) for _ in range(count)]
 
 
-def ping(subscription, at: int = NOW) -> str:
+def enqueue_ping(subscription, at: int = NOW) -> str:
     return enqueue_test_ping(subscription, "KEYID", at).id
 
 
@@ -54,7 +54,7 @@ def inversions(order: list[int]) -> int:
 @pytest.mark.both_databases
 def test_pings_queued_in_the_same_millisecond_are_claimed_in_enqueue_order(organization):
     [subscription] = subscriptions(organization("acme"), 1)
-    queued = [ping(subscription) for _ in range(20)]
+    queued = [enqueue_ping(subscription) for _ in range(20)]
     claimed = []
     while claims := claim_due(NOW, 64, LEASE):
         [claim] = claims  # one per subscription
@@ -65,7 +65,7 @@ def test_pings_queued_in_the_same_millisecond_are_claimed_in_enqueue_order(organ
 
 def test_a_claim_writes_back_nothing_it_does_not_keep(organization):
     [subscription] = subscriptions(organization("acme"), 1)
-    queued = [ping(subscription, NOW + offset) for offset in range(5)]
+    queued = [enqueue_ping(subscription, NOW + offset) for offset in range(5)]
     before = {d.event_id: (d.state, d.due_at, d.lease_token) for d in Delivery.select()}
     [claim] = claim_due(NOW + 100, 64, LEASE)
     assert claim.event_id == queued[0]
@@ -75,7 +75,7 @@ def test_a_claim_writes_back_nothing_it_does_not_keep(organization):
 
 def test_a_retry_due_later_lets_the_deliveries_due_before_it_go_first(organization):
     [subscription] = subscriptions(organization("acme"), 1)
-    first, second = ping(subscription), ping(subscription)
+    first, second = enqueue_ping(subscription), enqueue_ping(subscription)
     [claim] = claim_due(NOW, 64, LEASE)
     record_attempt(claim, AttemptResult(False, 500, "http_status", "", 1), NOW, NOW + 1, POLICY, 0)
     assert [c.event_id for c in claim_due(NOW + 2, 64, LEASE)] == [second]
@@ -87,7 +87,7 @@ def test_a_retry_due_later_lets_the_deliveries_due_before_it_go_first(organizati
 @pytest.mark.config(SCHEDULER_ENABLED=True, WEBHOOK_ALLOWED_NETWORKS=["127.0.0.0/8"])
 def test_a_backlog_of_500_pings_reaches_the_receiver_in_order(app, database, organization, receiver):
     [subscription] = subscriptions(organization("acme"), 1, receiver.url)
-    queued = [ping(subscription) for _ in range(500)]  # all due in the same millisecond
+    queued = [enqueue_ping(subscription) for _ in range(500)]  # all due in the same millisecond
     dispatcher = app.extensions["delivery"]
     dispatcher.start()
     try:
@@ -105,9 +105,9 @@ def test_a_backlog_of_500_pings_reaches_the_receiver_in_order(app, database, org
 def test_an_organization_with_one_due_subscription_gets_a_slot_beside_one_with_a_hundred(organization):
     crowd, single = organization("crowd"), organization("single")
     for subscription in subscriptions(crowd, 100):
-        ping(subscription, NOW)
+        enqueue_ping(subscription, NOW)
     [lone] = subscriptions(single, 1)
-    lone_ping = ping(lone, NOW + 50)  # due last
+    lone_ping = enqueue_ping(lone, NOW + 50)  # due last
     claimed = [claim.event_id for claim in claim_due(NOW + 100, 8, LEASE)]
     assert len(claimed) == 8
     assert lone_ping in claimed
@@ -115,7 +115,7 @@ def test_an_organization_with_one_due_subscription_gets_a_slot_beside_one_with_a
 
 def test_an_organization_alone_takes_every_slot(organization):
     for subscription in subscriptions(organization("crowd"), 12):
-        ping(subscription)
+        enqueue_ping(subscription)
     assert len(claim_due(NOW, 8, LEASE)) == 8
 
 
@@ -123,9 +123,9 @@ def test_an_organization_alone_takes_every_slot(organization):
 def test_an_organization_holding_slots_waits_for_the_others_to_catch_up(organization):
     crowd, few = organization("crowd"), organization("few")
     for subscription in subscriptions(crowd, 10):
-        ping(subscription, NOW)
+        enqueue_ping(subscription, NOW)
     assert len(claim_due(NOW, 4, LEASE)) == 4  # the crowd alone: it holds 4 slots now
-    late = [ping(subscription, NOW + 10) for subscription in subscriptions(few, 3)]
+    late = [enqueue_ping(subscription, NOW + 10) for subscription in subscriptions(few, 3)]
     # The crowd's next turn is its 5th slot; the others' turns are 1, 2, 3: theirs go first.
     claimed = [claim.event_id for claim in claim_due(NOW + 20, 4, LEASE)]
     assert set(claimed[:3]) == set(late)
@@ -136,9 +136,9 @@ def test_an_organization_holding_slots_waits_for_the_others_to_catch_up(organiza
 def test_failing_subscriptions_keep_their_cap_within_the_share(organization):
     crowd, single = organization("crowd"), organization("single")
     for subscription in subscriptions(crowd, 6):
-        ping(subscription)
+        enqueue_ping(subscription)
     [lone] = subscriptions(single, 1)
-    ping(lone, NOW + 1)
+    enqueue_ping(lone, NOW + 1)
     Subscription.update(consecutive_failures=1).execute()  # every one failed its last attempt
     claimed = claim_due(NOW + 10, 8, LEASE, failing_limit=2)
     assert len(claimed) == 2
@@ -150,7 +150,7 @@ def test_failing_subscriptions_keep_their_cap_within_the_share(organization):
 @pytest.mark.both_databases
 def test_an_attempt_never_recorded_is_counted_and_the_bound_dead_letters_it(organization):
     [subscription] = subscriptions(organization("acme"), 1)
-    event_id = ping(subscription)
+    event_id = enqueue_ping(subscription)
     now = NOW
     for lost in range(MAX_UNRECORDED):  # claimed, attempted, and the outcome never written
         [claim] = claim_due(now, 8, LEASE)
@@ -168,7 +168,7 @@ def test_an_attempt_never_recorded_is_counted_and_the_bound_dead_letters_it(orga
 
 def test_giving_a_claim_back_does_not_count_it_as_unrecorded(organization):
     [subscription] = subscriptions(organization("acme"), 1)
-    event_id = ping(subscription)
+    event_id = enqueue_ping(subscription)
     release(claim_due(NOW, 8, LEASE), NOW)
     claim_due(NOW, 8, LEASE)
     assert Delivery.get_by_id(event_id).unrecorded == 0
@@ -188,7 +188,7 @@ def test_a_record_step_that_always_fails_ends_in_a_not_recorded_dead_letter(app,
     dispatcher = app.extensions["delivery"]
     dispatcher.record, dispatcher.record_pauses = refuse, ()  # the seams: never written, no retry
     [subscription] = subscriptions(organization("acme"), 1, receiver.url)
-    event_id = ping(subscription, int(clock() * 1000))
+    event_id = enqueue_ping(subscription, int(clock() * 1000))
     for _ in range(MAX_UNRECORDED):
         with pytest.raises(RecordRefused):
             dispatcher.run_due()
@@ -209,14 +209,14 @@ def test_a_ping_queued_while_every_slot_is_busy_takes_the_first_slot_that_frees(
     slow, brief, fast = (start_receiver(script=[hang(3)]), start_receiver(script=[hang(0.3)]),
                          start_receiver())
     for subscription in subscriptions(crowd, 3, slow.url) + subscriptions(crowd, 1, brief.url):
-        ping(subscription)
+        enqueue_ping(subscription)
     [lone] = subscriptions(quiet, 1, fast.url)
     dispatcher = app.extensions["delivery"]
     dispatcher.start()
     try:
         assert slow.wait_for(3) and brief.wait_for(1)  # all 4 slots busy
         queued_at = time.monotonic()
-        ping(lone)
+        enqueue_ping(lone)
         dispatcher.wake()
         # One slot frees after 0.3 s, fewer than the refill batch (2 of 4): it is refilled anyway.
         assert fast.wait_for(1, seconds=2)

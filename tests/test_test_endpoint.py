@@ -13,7 +13,7 @@ from models import Delivery, Event, Failure, Subscription, db
 from partner.outbox import claim_due, record_attempt
 from partner.retry import RetryPolicy
 from partner.outbound.transport import AttemptResult
-from tests.support import WEBHOOKS, bearer, field_codes
+from tests.support import WEBHOOKS, bearer, field_codes, ping_as
 
 URL = "http://93.184.215.14/hook"
 CLOCK_START = 1_800_000_000.1235  # 2027-01-15T08:00:00.123Z; the half millisecond keeps floats off a boundary
@@ -29,10 +29,6 @@ def subscription(client, auth) -> dict:
 
 def trigger(client, headers, subscription_id: str, body=None, **kwargs):
     return client.post(f"{WEBHOOKS}/{subscription_id}/test", json=body, headers=headers, **kwargs)
-
-
-def ping_as(client, headers, subscription: dict):
-    return trigger(client, headers, subscription["id"], {"secret": subscription["secret"]})
 
 
 def failures_as(client, headers, subscription_id: str, **query):
