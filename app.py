@@ -9,9 +9,9 @@ from werkzeug.middleware.proxy_fix import ProxyFix
 
 from delivery import Dispatcher
 from models import db, open_database
-from partner.availability import describe, is_unavailable
+from partner.availability import database_outage, describe, is_unavailable
 from partner.config import load_config
-from partner.database import write_refusal
+from partner.database import probe_write
 from partner.edge.apidocs import docs
 from partner.edge.auth import authenticate, require_scope
 from partner.edge.health import install_health
@@ -85,10 +85,15 @@ def _open_database(url: str):
 def _say_if_the_database_cannot_write(app: Flask) -> None:
     # The process still starts: reads, /healthz and /readyz (not ready) must answer, and writes
     # succeed again by themselves once the database takes them.
-    refusal = write_refusal()
-    if refusal:
+    try:
+        with db.connection_context():
+            probe_write()
+    except Exception as error:  # noqa: BLE001 - sorted by is_unavailable, the rest re-raised
+        if not is_unavailable(error):
+            raise
+        database_outage.failed(error)  # /readyz says not ready until a write commits
         log.error("database %s cannot take a write now (%s): API writes answer 503 and /readyz reports "
-                  "not ready until it can", database_name(app.config["DATABASE_URL"]), refusal)
+                  "not ready until it can", database_name(app.config["DATABASE_URL"]), describe(error))
 
 
 def _trust_proxies(app: Flask, hops: int) -> None:

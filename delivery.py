@@ -25,7 +25,8 @@ from apscheduler.schedulers.background import BackgroundScheduler
 import signing
 from models import db
 from partner import retention
-from partner.availability import database_failed, describe, is_unavailable
+from partner.availability import database_failed, database_outage, describe, is_unavailable
+from partner.database import probe_write
 from partner.operator import metrics
 from partner.outbound import ssrf, transport
 from partner.outbound.dns import Lookups
@@ -144,6 +145,8 @@ class Dispatcher:
         claims: list[Claim] = []
         try:
             with db.connection_context():
+                if database_outage.active:  # a claim of nothing writes nothing: prove writes commit
+                    probe_write()
                 claims = claim_due(self._now_ms(), reserved, self.lease_ms, failing,
                                    self.policy.auto_disable_threshold)
         except Exception as error:  # noqa: BLE001 - unavailability backs off, the rest re-raised

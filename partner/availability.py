@@ -40,6 +40,11 @@ class Outage:
     def active(self) -> bool:
         return self._failure is not None
 
+    @property
+    def failure(self) -> str | None:
+        """What the dependency failed with (`describe`), while it is failing."""
+        return self._failure
+
     def failed(self, error: BaseException) -> None:
         """Count one failure; log it only if the dependency was working or failed differently."""
         failure = describe(error)

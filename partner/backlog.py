@@ -15,8 +15,6 @@ import psycopg2
 from peewee import SqliteDatabase
 
 from models import OPEN_CONDITION, db
-from partner.availability import database_outage
-from partner.database import WRITE_PROBE, random_token
 
 log = logging.getLogger(__name__)
 
@@ -38,26 +36,21 @@ class Backlog:
         return 0.0 if self.oldest_due_at is None else max(0, now_ms - self.oldest_due_at) / 1000
 
 
-def read_backlog(now_ms: int, timeout: float, check_write: bool = False) -> Backlog:
-    """Count due deliveries within `timeout` seconds; with `check_write`, also prove that a write
-    commits now (database.WRITE_PROBE: a full disk lets a transaction begin and fails its commit).
-    Raises DatabaseUnavailable."""
-    failed = f"did not answer within {timeout:g} s"
+def read_backlog(now_ms: int, timeout: float) -> Backlog:
+    """Count due deliveries within `timeout` seconds: a read, never a write, so that asking (a
+    readiness probe, a scrape, a hammer of either) costs the database no commit. Raises
+    DatabaseUnavailable."""
     try:
         connection, p = _connect(db.obj, timeout)
         with closing(connection):
             cursor = connection.cursor()
             cursor.execute(_DUE.format(p=p), (now_ms,))
             row = cursor.fetchone()
-            if check_write:
-                failed = "cannot take a write"
-                cursor.execute(WRITE_PROBE.format(p=p), (random_token(16),))
-                connection.commit()
-                database_outage.recovered()  # a committed write: the database takes writes again
     except (sqlite3.Error, psycopg2.Error) as error:
         # The driver's message may name the database host: it goes to the log, not to the caller.
         log.warning("database check failed: %s", _first_line(error))
-        raise DatabaseUnavailable(f"the database {failed} ({type(error).__name__})") from None
+        raise DatabaseUnavailable(f"the database did not answer within {timeout:g} s "
+                                  f"({type(error).__name__})") from None
     return Backlog(int(row[0]), None if row[1] is None else int(row[1]))
 
 

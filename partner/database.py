@@ -111,14 +111,8 @@ WRITE_PROBE = ("INSERT INTO setting (name, value) VALUES ('write_probe', {p}) "
                "ON CONFLICT (name) DO UPDATE SET value = excluded.value")
 
 
-def write_refusal() -> str | None:
-    """Why the database refuses a committed write now (a disk too full for SQLite's WAL or
-    PostgreSQL's, a lock held past the bound, a server that is down), or None when it takes one."""
-    try:
-        with db.connection_context(), write_transaction():
-            run_sql(WRITE_PROBE, (random_token(16),))
-    except Exception as error:  # noqa: BLE001 - sorted by is_unavailable, the rest re-raised
-        if not availability.is_unavailable(error):
-            raise
-        return availability.describe(error)
-    return None
+def probe_write() -> None:
+    """Commit WRITE_PROBE; raises what the database raises. While the database is down, this is how a
+    process with nothing else to write learns that it takes writes again (availability.watch_commit)."""
+    with write_transaction():
+        run_sql(WRITE_PROBE, (random_token(16),))

@@ -24,7 +24,7 @@ from app import create_app
 from partner.operator.logs import database_name
 from tests.contract import ContractClient
 from tests.receivers import Receiver
-from tests.support import ME, WEBHOOKS, assert_problem, assert_unavailable, bearer, json_of
+from tests.support import ME, PUBLIC_URL, WEBHOOKS, assert_problem, assert_unavailable, bearer, json_of
 
 DISK_BYTES = 4 * 2**20
 
@@ -140,7 +140,9 @@ def test_started_on_a_full_disk_it_says_so_once_and_serves_reads(config, disk, d
     assert_problem(client.get("/readyz"), 503, "not_ready")
     assert client.get("/healthz").status_code == 200
     disk.free()
-    assert client.get("/readyz").status_code == 200
+    assert_problem(client.get("/readyz"), 503, "not_ready")  # /readyz never writes to find out
+    assert client.post(WEBHOOKS, json={"url": PUBLIC_URL}, headers=bearer(api_key)).status_code == 201
+    assert client.get("/readyz").status_code == 200  # a committed write ended the outage
 
 
 @pytest.mark.parametrize("url, shown", [

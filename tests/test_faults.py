@@ -6,7 +6,7 @@ import threading
 import time
 
 import pytest
-from peewee import Table
+from peewee import OperationalError, Table
 
 from models import db
 from partner import database
@@ -127,11 +127,14 @@ def test_a_programming_error_of_peewee_is_a_500_and_a_closed_postgresql_connecti
         assert_unavailable(client.get("/closed-connection"))
 
 
-def test_write_refusal_says_why_a_write_does_not_commit_now(app, locked_from_outside):
+def test_a_write_probe_says_why_a_write_does_not_commit_now(app, locked_from_outside):
     started = time.monotonic()
-    assert "database is locked" in database.write_refusal()  # past SQLite's busy timeout
+    with db.connection_context(), pytest.raises(OperationalError, match="database is locked"):
+        database.probe_write()  # past SQLite's busy timeout
     assert time.monotonic() - started < 10
 
 
-def test_write_refusal_is_none_on_a_healthy_database(app):
-    assert database.write_refusal() is None
+def test_a_write_probe_commits_on_a_healthy_database(app):
+    with db.connection_context():
+        database.probe_write()
+        assert db.execute_sql("SELECT value FROM setting WHERE name = 'write_probe'").fetchone()

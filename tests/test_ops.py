@@ -1,14 +1,16 @@
 """/healthz, /readyz and X-Request-Id (CONTRACT §7), through the real app on a real database."""
 
+import functools
 import random
 import re
 import sqlite3
 import time
 
 import pytest
+from playhouse.db_url import connect
 
 from tests.servers import postgres_bin_dir, start_postgres
-from tests.support import WEBHOOKS, assert_problem
+from tests.support import PUBLIC_URL, WEBHOOKS, assert_problem, assert_unavailable
 
 HEX_ID = r"[0-9a-f]{32}"
 
@@ -52,17 +54,51 @@ def assert_not_ready(response, started: float) -> None:
     assert assert_problem(response, 503, "not_ready")["detail"].startswith("database: ")
 
 
-def test_readyz_is_503_while_the_sqlite_file_is_locked_past_the_bound(client, database_url):
+def test_readyz_is_503_once_a_write_found_the_sqlite_file_locked_past_the_bound(client, auth, database_url):
     locker = sqlite3.connect(database_url.removeprefix("sqlite:///"), isolation_level=None)
     locker.execute("BEGIN EXCLUSIVE")
     try:
+        assert client.get("/readyz").status_code == 200  # reads go on; nothing has tried to write
+        assert_unavailable(client.post(WEBHOOKS, json={"url": PUBLIC_URL}, headers=auth))
         started = time.monotonic()
-        assert_not_ready(client.get("/readyz"), started)
+        detail = assert_problem(client.get("/readyz"), 503, "not_ready")["detail"]
+        assert detail.startswith("database: the database cannot take a write (OperationalError: database is locked")
+        assert time.monotonic() - started < 1  # what the service learned, not asked again
         assert client.get("/healthz").status_code == 200  # liveness touches no database
     finally:
         locker.execute("ROLLBACK")
         locker.close()
+    assert client.post(WEBHOOKS, json={"url": PUBLIC_URL}, headers=auth).status_code == 201
     assert client.get("/readyz").status_code == 200
+
+
+@pytest.mark.both_databases
+def test_neither_readyz_nor_a_scrape_ever_writes_to_the_database(client, database_url, backend):
+    """A hammer of either must cost the database no commit (issue 20: 800 commits a second)."""
+    before = commits(database_url, backend)
+    for path in ("/readyz", "/metrics") * 20:
+        assert client.get(path).status_code == 200
+    assert commits(database_url, backend) == before
+
+
+def commits(database_url: str, backend: str) -> int:
+    """A number that grows with every write committed: SQLite's data_version, seen from a connection
+    of our own, changes with every commit by another; PostgreSQL assigns a transaction id only to a
+    transaction that writes, so the next one to be assigned counts them (the server is this
+    suite's, and tests run one at a time)."""
+    if backend == "sqlite":
+        return watcher(database_url).execute("PRAGMA data_version").fetchone()[0]
+    connection = connect(database_url)
+    try:
+        return connection.execute_sql("SELECT txid_snapshot_xmax(txid_current_snapshot())").fetchone()[0]
+    finally:
+        connection.close()
+
+
+@functools.cache
+def watcher(database_url: str) -> sqlite3.Connection:
+    return sqlite3.connect(database_url.removeprefix("sqlite:///"), isolation_level=None,
+                           check_same_thread=False)
 
 
 @pytest.fixture

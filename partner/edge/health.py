@@ -1,7 +1,8 @@
 """The operator's endpoints: liveness, readiness and the Prometheus scrape.
 
-They need no API key, are never rate limited, and open no pooled connection: the database is
-reached only through backlog.read_backlog, which is bounded in time, so none of them can hang.
+They need no API key, are never rate limited, never write, and open no pooled connection: the
+database is read only through backlog.read_backlog, which is bounded in time, so none of them can
+hang or load the database with commits.
 """
 
 import time
@@ -9,6 +10,7 @@ import time
 from flask import Blueprint, Flask, current_app, g, request
 
 from partner.operator import metrics
+from partner.availability import database_outage
 from partner.backlog import DatabaseUnavailable, read_backlog
 from partner.errors import ApiError
 from partner.timestamps import now_ms
@@ -34,9 +36,14 @@ def healthz():
 def readyz():
     now = now_ms(current_app.config["CLOCK"])
     try:
-        backlog = read_backlog(now, READY_TIMEOUT_SECONDS, check_write=True)
+        backlog = read_backlog(now, READY_TIMEOUT_SECONDS)
     except DatabaseUnavailable as error:
         raise ApiError(503, "not_ready", f"database: {error}.") from None
+    # Whether writes commit is learned from the service's own writes (a 503, the scanner's claims),
+    # never asked here: a probe that commits would let anyone load the database with GETs.
+    refusal = database_outage.failure
+    if refusal:
+        raise ApiError(503, "not_ready", f"database: the database cannot take a write ({refusal}).")
     return {"status": "ready", "database": "ok",
             "scheduler": current_app.extensions["delivery"].scheduler_state(),
             "deliveries_due": backlog.due, "oldest_due_seconds": backlog.oldest_due_seconds(now)}
