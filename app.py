@@ -67,6 +67,9 @@ def create_app(overrides: dict | None = None) -> Flask:
     install_health(app)
     for group in COMMANDS:
         app.cli.add_command(group)
+    # No connection outlives start-up: with gunicorn --preload this process forks the workers, and an
+    # SQLite connection must never be used on both sides of a fork.
+    db.close_idle()
     return app
 
 

@@ -24,20 +24,22 @@ logconfig_dict = logging_config(os.environ.get("PARTNER_LOG_FORMAT", "text"),
                                 os.environ.get("PARTNER_LOG_LEVEL", "INFO"))
 
 METRICS_DIR = "PROMETHEUS_MULTIPROC_DIR"
+# The workers' metrics need a directory before anything imports prometheus_client, which decides at
+# import whether values live in files (summed across workers) or in the process. This file is read
+# before the app is loaded, also with --preload, where the master imports the app: so here, not in
+# a server hook. A fresh directory per start, unless the operator names one.
+if not os.environ.get(METRICS_DIR):
+    os.environ[METRICS_DIR] = MADE_METRICS_DIR = tempfile.mkdtemp(prefix="partner-metrics-")
 
 
 def on_starting(server):
-    """Give the workers' metrics a directory before any of them imports prometheus_client: a fresh
-    one per start, or the operator's, emptied of a previous run's counts."""
-    if os.environ.get(METRICS_DIR):
-        for stale in glob.glob(os.path.join(os.environ[METRICS_DIR], "*.db")):
-            os.remove(stale)
-    else:
-        os.environ[METRICS_DIR] = server.partner_metrics_dir = tempfile.mkdtemp(prefix="partner-metrics-")
+    """Empty the metrics directory of a previous run's counts (once per start, not per reload)."""
+    for stale in glob.glob(os.path.join(os.environ[METRICS_DIR], "*.db")):
+        os.remove(stale)
 
 
 def on_exit(server):
-    made = getattr(server, "partner_metrics_dir", None)
+    made = globals().get("MADE_METRICS_DIR")
     if made:
         shutil.rmtree(made, ignore_errors=True)
 

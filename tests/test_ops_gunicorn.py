@@ -2,6 +2,9 @@
 workers (multiprocess mode, prepared by gunicorn.conf.py) and JSON log lines."""
 
 import json
+import os
+import signal
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -48,11 +51,13 @@ def healthz_count_per_worker(metrics_dir: Path) -> dict[str, float]:
     return counts
 
 
-def test_metrics_counted_across_two_workers_add_up(start_gunicorn, session, tmp_path):
+@pytest.mark.parametrize("options", ["--workers 2", "--workers 2 --preload"])
+def test_metrics_counted_across_two_workers_add_up_and_outlive_a_worker(start_gunicorn, session, tmp_path,
+                                                                       options):
     metrics_dir = tmp_path / "metrics"
     metrics_dir.mkdir()
     (metrics_dir / "counter_999999.db").write_bytes(b"stale")  # a previous run's: removed at start
-    server = start_gunicorn(GUNICORN_CMD_ARGS="--workers 2", PROMETHEUS_MULTIPROC_DIR=str(metrics_dir))
+    server = start_gunicorn(GUNICORN_CMD_ARGS=options, PROMETHEUS_MULTIPROC_DIR=str(metrics_dir))
     served = 0
     with ThreadPoolExecutor(8) as pool:
         while True:  # until both workers have served some (the kernel decides who accepts)
@@ -66,7 +71,37 @@ def test_metrics_counted_across_two_workers_add_up(start_gunicorn, session, tmp_
     assert sum(1 for count in per_worker.values() if count) == 2, per_worker
     for _ in range(4):  # whichever worker answers the scrape reports every worker's requests
         assert healthz_count(session.get(server.base_url + "/metrics", timeout=5).text) == served
+    workers = worker_pids(server)
+    os.kill(workers[0], signal.SIGKILL)  # gunicorn starts another in its place
+    deadline = time.monotonic() + 20
+    while (len(set(worker_pids(server)) - set(workers)) < 1) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for _ in range(4):  # the dead worker's counts are still counted
+        assert healthz_count(session.get(server.base_url + "/metrics", timeout=5).text) == served
     assert server.stop() == 0
+
+
+def test_preloaded_workers_count_their_deliveries(start_gunicorn, session, smoke_key, receiver):
+    server = start_gunicorn(GUNICORN_CMD_ARGS="--workers 2 --preload", PARTNER_SCHEDULER_ENABLED="true",
+                            PARTNER_WEBHOOK_ALLOWED_NETWORKS='["127.0.0.0/8"]')
+    headers = {"Authorization": f"Bearer {smoke_key}"}
+    subscription = session.post(server.base_url + WEBHOOKS, json={"url": receiver.url}, headers=headers,
+                                timeout=5).json()
+    for _ in range(10):
+        assert session.post(f"{server.base_url}{WEBHOOKS}/{subscription['id']}/test", headers=headers,
+                            json={"secret": subscription["secret"]}, timeout=5).status_code == 202
+    assert receiver.wait_for(10, seconds=15)
+    time.sleep(0.5)  # the last outcome is counted after it is recorded
+    delivered = [sample.value for family in text_string_to_metric_families(
+                 session.get(server.base_url + "/metrics", timeout=5).text) for sample in family.samples
+                 if sample.name == "partner_delivery_attempts_total" and sample.labels["outcome"] == "delivered"]
+    assert delivered == [10.0]
+    assert server.stop() == 0
+
+
+def worker_pids(server: Gunicorn) -> list[int]:
+    pid = server.process.pid
+    return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
 
 
 def test_json_log_lines_parse_and_carry_the_request_id(start_gunicorn, session, smoke_key, receiver):
