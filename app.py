@@ -20,7 +20,8 @@ from partner.edge.ratelimit import RateLimits
 from partner.edge.request_ids import install_request_ids
 from partner.edge.validation import Field, read_json_object, validate
 from partner.keys import IDENTITY_READ, WEBHOOKS_MANAGE
-from partner.operator.cli import COMMANDS
+from partner.migrations import SchemaTooNew
+from partner.operator.cli import COMMANDS, runs_a_schema_command
 from partner.operator.logs import database_name
 from partner.outbound.dns import Lookups
 from partner.outbox import TEST_PING, failures_page, trigger_test_ping
@@ -45,10 +46,13 @@ def create_app(overrides: dict | None = None) -> Flask:
     if app.config["ALLOWED_NETWORKS"]:
         log.warning("webhook targets in %s are exempt from the internal-address block",
                     ", ".join(map(str, app.config["ALLOWED_NETWORKS"])))
-    app.extensions["database"] = _open_database(app.config["DATABASE_URL"])
-    _say_if_the_database_cannot_write(app)
-    with db.connection_context():
-        app.extensions["cursor_key"] = cursor_key()
+    if runs_a_schema_command():  # it reads or changes the database as it is, and serves nothing
+        app.extensions["database"] = _open_database(app.config["DATABASE_URL"], migrate=False)
+    else:
+        app.extensions["database"] = _open_database(app.config["DATABASE_URL"], migrate=True)
+        _say_if_the_database_cannot_write(app)
+        with db.connection_context():
+            app.extensions["cursor_key"] = cursor_key()
     app.extensions["rate_limits"] = RateLimits(app)
     app.extensions["delivery"] = Dispatcher(app.config)
     lookups = Lookups(app.config["RESOLVER"], threads=8)
@@ -66,10 +70,13 @@ def create_app(overrides: dict | None = None) -> Flask:
     return app
 
 
-def _open_database(url: str):
-    """open_database, saying in one line which database could not be opened and why."""
+def _open_database(url: str, migrate: bool):
+    """open_database, saying in one line which database could not be opened (or is too new) and why."""
     try:
-        return open_database(url)
+        return open_database(url, migrate)
+    except SchemaTooNew as error:
+        log.error("database %s refused: %s", database_name(url), error)
+        raise
     except Exception as error:
         if is_unavailable(error):
             log.error("database %s cannot be opened (%s): the service cannot start until it can (SQLite "

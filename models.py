@@ -1,16 +1,14 @@
-"""The peewee models (mirrors of schema.sql) and the database lifecycle: open, apply the schema."""
+"""The peewee models (mirrors of schema.sql) and the database lifecycle: open, bring the schema up to date."""
 
 import logging
 import os
-from pathlib import Path
 
 from peewee import (SQL, BigIntegerField, BlobField, BooleanField, DatabaseProxy, ForeignKeyField,
                     IntegerField, Model, ModelIndex, PostgresqlDatabase, TextField)
 from playhouse.db_url import connect
 
+from partner import migrations
 from partner.operator.logs import QUERY_LOG_FILTER
-
-SCHEMA_PATH = Path(__file__).with_name("schema.sql")
 
 # WAL lets readers run beside the one writer; the busy timeout makes writers queue, not fail.
 # cache_size: 512 KiB of pages per connection instead of SQLite's 2 MiB. Every pooled connection
@@ -24,14 +22,13 @@ SQLITE_PRAGMAS = {"journal_mode": "wal", "busy_timeout": 5000, "foreign_keys": 1
 # delivery attempt costs more than the query. `timeout`: seconds to wait for a free connection.
 POOLED_SCHEMES = {"sqlite", "postgres", "postgresql"}
 POOL = {"max_connections": 64, "stale_timeout": 300, "timeout": 10}
-# Any constant: the PostgreSQL advisory lock that serializes schema.sql between starting processes.
-SCHEMA_LOCK_ID = 0x7061727472
 
 db = DatabaseProxy()
 
 
-def open_database(url: str):
-    """Bind `db` to the database at `url` (a playhouse.db_url URL) and apply schema.sql. One
+def open_database(url: str, migrate: bool = True):
+    """Bind `db` to the database at `url` (a playhouse.db_url URL) and, unless told not to, apply its
+    pending migrations (raising migrations.SchemaTooNew for a database newer than the code). One
     database per process: a second call re-binds every model."""
     logging.getLogger("peewee").addFilter(QUERY_LOG_FILTER)  # idempotent: one filter instance
     scheme, rest = url.split("://", 1)
@@ -46,25 +43,9 @@ def open_database(url: str):
         url = f"{scheme}+pool://{rest}"
     database = connect(url, **params)
     db.initialize(database)
-    apply_schema()
+    if migrate:
+        migrations.upgrade(database)
     return database
-
-
-def apply_schema() -> None:
-    """Run every statement of schema.sql; each is idempotent (IF NOT EXISTS)."""
-    with db.connection_context():
-        with db.atomic():
-            if isinstance(db.obj, PostgresqlDatabase):
-                # IF NOT EXISTS is not atomic on PostgreSQL: workers starting together on a new
-                # database would collide in the catalog. SQLite's write lock already serializes them.
-                db.execute_sql("SELECT pg_advisory_xact_lock(%s)", (SCHEMA_LOCK_ID,))
-            for statement in schema_statements():
-                db.execute_sql(statement)
-
-
-def schema_statements() -> list[str]:
-    lines = [line for line in SCHEMA_PATH.read_text().splitlines() if not line.startswith("--")]
-    return [s.strip() for s in "\n".join(lines).split(";") if s.strip()]
 
 
 class BytesField(BlobField):

@@ -6,6 +6,7 @@ import pytest
 from peewee import SqliteDatabase
 
 import models
+from partner import migrations
 
 
 def describe(path) -> dict:
@@ -34,7 +35,7 @@ def describe(path) -> dict:
 def from_schema(tmp_path):
     path = tmp_path / "schema.sqlite3"
     conn = sqlite3.connect(path)
-    conn.executescript(models.SCHEMA_PATH.read_text())
+    conn.executescript(migrations.SCHEMA_PATH.read_text())
     conn.close()
     return describe(path)
 
@@ -63,7 +64,7 @@ def test_models_and_schema_agree_table_by_table(from_schema, from_models, part):
 def test_schema_applied_twice_describes_the_same_database(tmp_path, from_schema):
     path = tmp_path / "twice.sqlite3"
     conn = sqlite3.connect(path)
-    conn.executescript(models.SCHEMA_PATH.read_text())
-    conn.executescript(models.SCHEMA_PATH.read_text())
+    conn.executescript(migrations.SCHEMA_PATH.read_text())
+    conn.executescript(migrations.SCHEMA_PATH.read_text())
     conn.close()
     assert describe(path) == from_schema

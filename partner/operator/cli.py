@@ -1,6 +1,8 @@
 """The operator CLI, every `flask` command group: keys, webhooks, deliveries, db. Keys have no
 HTTP endpoint. Thin: parse, call one domain function, print."""
 
+import os
+import sys
 from datetime import datetime
 
 import click
@@ -8,7 +10,7 @@ from flask import current_app
 from flask.cli import AppGroup
 
 from models import db
-from partner import retention
+from partner import migrations, retention
 from partner.deliveries import STATES, list_deliveries, replay_dead_letters
 from partner.errors import OperatorError, ValidationError
 from partner.keys import IssuedKey, create_key, list_keys, revoke_key, rotate_key
@@ -169,3 +171,42 @@ def db_prune(days: int | None) -> None:
     click.echo(f"Removed {pruned.events} events, {pruned.deliveries} deliveries and "
                f"{pruned.failures} failure records: delivered or dead-lettered, created before "
                f"{iso(before)} ({days} days).")
+
+
+# `flask db …` commands that look at the database as it is: the app the flask command builds before
+# running them must neither migrate the database nor refuse it.
+SCHEMA_COMMANDS = ("status", "upgrade", "backup", "restore")
+
+
+def runs_a_schema_command(argv: list[str] | None = None) -> bool:
+    """Whether this process is `flask [options] db status|upgrade|backup|restore`."""
+    argv = sys.argv if argv is None else argv
+    if not argv or os.path.basename(argv[0]) != "flask":
+        return False
+    return any(group == "db" and command in SCHEMA_COMMANDS for group, command in zip(argv[1:], argv[2:]))
+
+
+@db_cli.command("status")
+@click.pass_context
+def db_status(ctx: click.Context) -> None:
+    """Schema version of the database and of the code; exit 0 up to date, 1 pending, 2 newer."""
+    with db.connection_context():
+        current = migrations.status(db.obj)
+    click.echo(f"database schema version {current.version}, code's latest {current.latest}")
+    for name in current.pending:
+        click.echo(f"pending: {name}")
+    for name in current.unknown:
+        click.echo(f"applied by a newer release: {name}")
+    ctx.exit(2 if current.is_newer else 1 if current.pending else 0)
+
+
+@db_cli.command("upgrade")
+def db_upgrade() -> None:
+    """Apply pending migrations under the migration lock (a no-op when up to date)."""
+    try:
+        applied = migrations.upgrade(db.obj)
+    except migrations.SchemaTooNew as error:
+        raise click.ClickException(str(error)) from None
+    for name in applied:
+        click.echo(f"applied: {name}")
+    click.echo(f"schema version {migrations.number(applied[-1]) if applied else 'unchanged'}: up to date")
