@@ -7,7 +7,7 @@ from peewee import (SQL, BigIntegerField, BlobField, BooleanField, DatabaseProxy
                     IntegerField, Model, ModelIndex, PostgresqlDatabase, TextField)
 from playhouse.db_url import connect
 
-from partner import migrations
+from partner import migrations, sealing
 from partner.operator.logs import QUERY_LOG_FILTER
 
 # WAL lets readers run beside the one writer; the busy timeout makes writers queue, not fail.
@@ -90,14 +90,24 @@ class Subscription(BaseModel):
     organization = ForeignKeyField(Organization, column_name="organization_id", index=False)
     url = TextField()
     description = TextField(null=True)
-    secret = TextField()
     active = BooleanField(default=True, constraints=default("TRUE"))
     consecutive_failures = IntegerField(default=0, constraints=default("0"))
     auto_disabled_at = BigIntegerField(null=True)
     created_at = BigIntegerField()
+    secret_key_id = TextField()
+    secret_sealed = BytesField()
 
     class Meta:
         indexes = ((("organization", "created_at", "id"), False),)
+
+    @property
+    def secret(self) -> str:
+        """The signing secret, opened: held in memory only, never stored in plaintext."""
+        return sealing.open_secret(self.id, self.secret_key_id, self.secret_sealed)
+
+    @secret.setter
+    def secret(self, value: str) -> None:  # `Subscription(id=…, secret=…)`: the id first
+        self.secret_key_id, self.secret_sealed = sealing.seal(self.id, value)
 
 
 class Event(BaseModel):

@@ -26,6 +26,8 @@ DEFAULTS = {
     "LOG_FORMAT": "text",  # applied by gunicorn.conf.py (logs.py); checked here too
     "AUTH_FAILURE_RATE_LIMIT": 60,
     "MAX_CONTENT_LENGTH": 64 * 1024,
+    "ENCRYPTION_KEYS": None,  # unset: a key file on SQLite (ENCRYPTION_KEY_FILE), refused on PostgreSQL
+    "ENCRYPTION_KEY_FILE": "",  # empty: encryption.key in the instance folder
     # Seams for tests: the wall clock (Unix seconds) and the DNS resolver. Never read from the environment.
     "CLOCK": time.time,
     "RESOLVER": ssrf.system_resolver,

@@ -15,6 +15,7 @@ from models import IN_FLIGHT_CONDITION, IS_OPEN, OPEN_CONDITION, Delivery, Event
 from partner.database import is_sqlite, keyset_page, new_id, run_sql, select_rows, write_transaction
 from partner.errors import ApiError
 from partner.outbound.transport import AttemptResult
+from partner.sealing import open_secret
 from partner.retry import RetryPolicy
 from partner.subscriptions import find_subscription
 from partner.timestamps import iso
@@ -36,7 +37,7 @@ _CLAIM = ('UPDATE delivery SET state = {p}, due_at = {p}, lease_token = {p} WHER
 _ONLY_HEALTHY = (' AND NOT EXISTS (SELECT 1 FROM subscription AS s WHERE s.id = delivery.subscription_id '
                  'AND s.consecutive_failures > 0)')
 _CLAIMED = ('SELECT e.id AS event_id, e.kind, e.body, e.created_at, s.id AS subscription_id, s.url, '
-            's.secret, s.consecutive_failures, s.active FROM event AS e '
+            's.secret_key_id, s.secret_sealed, s.consecutive_failures, s.active FROM event AS e '
             'JOIN subscription AS s ON s.id = e.subscription_id WHERE e.id IN ({ids})')
 # Gives claimed deliveries back (pending, due again) or dead-letters them (dead, no due time).
 _RELEASE = ('UPDATE delivery SET state = {p}, due_at = {p}, lease_token = NULL '
@@ -155,7 +156,9 @@ def _claim(now_ms: int, limit: int, lease_ms: int, token: str,
     # The attempt number is written only when it finishes: an attempt cut short by a crash is
     # made again under the same number.
     claims = [Claim(row["event_id"], row["kind"], bytes(row["body"]), attempts[row["event_id"]] + 1, token,
-                    row["subscription_id"], row["url"], row["secret"], row["consecutive_failures"] > 0)
+                    row["subscription_id"], row["url"],
+                    open_secret(row["subscription_id"], row["secret_key_id"], row["secret_sealed"]),
+                    row["consecutive_failures"] > 0)
               for row in chosen.values()]
     kept = {claim.event_id for claim in claims} | set(disabled)
     return claims, [event_id for event_id in attempts if event_id not in kept]

@@ -1,6 +1,7 @@
 """A real gunicorn as `make run` starts it, for the tests where process behaviour matters: the
 fixtures server_env, smoke_key, gunicorn and session, and the Gunicorn process handle."""
 
+import json
 import os
 import signal
 import socket
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.support import free_port
+from tests.support import ENCRYPTION_KEYS, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent  # the virtualenv the suite runs in: gunicorn and flask live beside python
@@ -29,8 +30,9 @@ def server_env(database_url):
     """The environment of `make run`: ours, minus anything that would configure the app or gunicorn.
     The database is conftest's `database_url`: SQLite, or PostgreSQL too under both_databases."""
     env = {name: value for name, value in os.environ.items()
-           if not name.startswith(("PARTNER_", "GUNICORN_", "FLASK_"))}
-    env.update(PORT=str(free_port()), PYTHONUNBUFFERED="1", PARTNER_DATABASE_URL=database_url)
+           if not name.startswith(("PARTNER_", "GUNICORN_", "FLASK_"))}  # the suite's keys are put back
+    env.update(PORT=str(free_port()), PYTHONUNBUFFERED="1", PARTNER_DATABASE_URL=database_url,
+               PARTNER_ENCRYPTION_KEYS=json.dumps(ENCRYPTION_KEYS))
     if SCHEDULER_ENABLED is not None:
         env["PARTNER_SCHEDULER_ENABLED"] = SCHEDULER_ENABLED
     return env

@@ -3,6 +3,8 @@ every row intact, a fresh database has the same shape as the oldest one migrated
 migrates at a time, an up-to-date start runs no DDL, and a database newer than the code is refused."""
 
 import os
+import shutil
+import urllib.parse
 import sqlite3
 import subprocess
 
@@ -11,10 +13,10 @@ from playhouse.db_url import connect
 
 from app import create_app
 from models import open_database
-from partner import migrations
+from partner import migrations, sealing
 from partner.migrations import SchemaTooNew
 from tests import test_models, test_postgres
-from tests.fixtures.release_rows import RELEASES, ROWS, schema_sql
+from tests.fixtures.release_rows import RELEASES, ROWS, SECRETS, schema_sql
 from tests.gunicorn_server import BIN, ROOT
 from tests.support import run_together
 
@@ -42,19 +44,23 @@ def build_release(database_url: str, release: str) -> None:
 
 
 def read_rows(database_url: str, table: str) -> list[dict]:
+    """The table's rows as the fixtures spell them, a subscription's secret opened from its sealed form."""
     database = raw(database_url)
-    names = list(ROWS[table][0])
-    key = names[0]
+    names = [name for name in ROWS[table][0] if name != "secret"]
+    sealed = ["secret_key_id", "secret_sealed"] if table == "subscription" else []
+    columns = ", ".join(f'"{name}"' for name in names + sealed)
     with database.connection_context():
-        cursor = database.execute_sql(
-            f'SELECT {", ".join(chr(34) + n + chr(34) for n in names)} FROM "{table}" ORDER BY "{key}"')
-        return [normalized(dict(zip(names, row))) for row in cursor.fetchall()]
+        cursor = database.execute_sql(f'SELECT {columns} FROM "{table}" ORDER BY "{names[0]}"')
+        return [normalized(dict(zip(names + sealed, row))) for row in cursor.fetchall()]
 
 
 def normalized(row: dict) -> dict:
-    """Values as the fixtures spell them (SQLite stores a boolean as 0/1, psycopg2 reads bytes as a view)."""
-    return {name: (bool(value) if name == "active" else bytes(value) if name == "body" else value)
-            for name, value in row.items()}
+    """SQLite stores a boolean as 0/1, psycopg2 reads bytes as a view; a secret is stored sealed."""
+    row = {name: (bool(value) if name == "active" else bytes(value) if name == "body" else value)
+           for name, value in row.items()}
+    if "secret_sealed" in row:
+        row["secret"] = sealing.open_secret(row["id"], row.pop("secret_key_id"), row.pop("secret_sealed"))
+    return row
 
 
 def history(database_url: str) -> list[str]:
@@ -67,7 +73,10 @@ def history(database_url: str) -> list[str]:
 def shape(database_url: str, backend: str) -> dict:
     if backend == "sqlite":
         return test_models.describe(database_url.removeprefix("sqlite:///"))
-    return test_postgres.describe(raw(database_url))
+    described = test_postgres.describe(raw(database_url))
+    # A dropped column leaves a gap in PostgreSQL's ordinal positions: compare the columns' order.
+    described["columns"] = [(table, *rest) for table, _position, *rest in described["columns"]]
+    return described
 
 
 @pytest.mark.parametrize("release", RELEASES)
@@ -76,6 +85,7 @@ def test_every_row_of_a_released_database_survives_the_upgrade(database_url, rel
     open_database(database_url)
     for table, rows in ROWS.items():
         assert read_rows(database_url, table) == sorted(rows, key=lambda r: list(r.values())[0]), table
+    assert_no_plaintext_secret(database_url)
     assert len(history(database_url)) == LATEST
 
 
@@ -135,7 +145,7 @@ def test_a_start_on_an_up_to_date_database_runs_no_ddl(tmp_path):
 
 
 def flask_db(database_url: str, *args: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PARTNER_", "FLASK_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLASK_")}
     return subprocess.run([BIN / "flask", "db", *args], cwd=ROOT, capture_output=True, text=True, timeout=60,
                           env={**env, "PARTNER_DATABASE_URL": database_url})
 
@@ -156,3 +166,25 @@ def test_db_status_and_upgrade_as_an_operator_runs_them(database_url):
                            f"VALUES ('9999_future', '2030-01-01')")
     newer = flask_db(database_url, "status")
     assert newer.returncode == 2 and "9999_future" in newer.stdout
+
+
+def assert_no_plaintext_secret(database_url: str) -> None:
+    """No webhook secret's bytes in the SQLite file or its -wal (freed pages included); on
+    PostgreSQL, none in a pg_dump of the schema."""
+    if database_url.startswith("sqlite"):
+        path = database_url.removeprefix("sqlite:///")
+        stored = b"".join(open(p, "rb").read() for p in (path, path + "-wal") if os.path.exists(p))
+    else:
+        stored = pg_dump(database_url)
+    assert b"whsec_" not in stored
+    assert not any(secret.encode() in stored for secret in SECRETS.values())
+
+
+def pg_dump(database_url: str) -> bytes:
+    """pg_dump of the test's schema (the URL's search_path), as an operator would take it."""
+    base, options = database_url.split("?", 1)
+    schema = urllib.parse.unquote(options).split("search_path=", 1)[1]
+    if shutil.which("pg_dump") is None:
+        pytest.skip("pg_dump is not installed")
+    return subprocess.run(["pg_dump", "--schema", schema, base.replace("postgresql://", "postgresql://", 1)],
+                          capture_output=True, check=True, timeout=60).stdout

@@ -111,12 +111,15 @@ def test_every_table_round_trips(database):
                    error="timeout", response_excerpt="", duration_ms=10_000, attempted_at=BIG_MS,
                    next_attempt_at=None)
     Setting.create(name="cursor_signing_key", value="ab" * 32)
-    assert {model: [row.__data__ for row in model.select()] for model in models.MODELS} == {
+    assert Subscription.get().secret == "whsec_x"  # stored sealed, opened again
+    sealed = ("secret_key_id", "secret_sealed")
+    assert {model: [{k: v for k, v in row.__data__.items() if k not in sealed} for row in model.select()]
+            for model in models.MODELS} == {
         Organization: [{"id": "org_1", "slug": "acme", "rate_limit_per_minute": 7, "created_at": BIG_MS}],
         ApiKey: [{"key_id": "K" * 20, "organization": "org_1", "secret_hash": "h" * 64,
                   "scopes": "identity:read", "created_at": BIG_MS, "revoked_at": BIG_MS + 1}],
         Subscription: [{"id": "wh_1", "organization": "org_1", "url": "https://partner.example/é",
-                        "description": None, "secret": "whsec_x", "active": False,
+                        "description": None, "active": False,
                         "consecutive_failures": 3, "auto_disabled_at": BIG_MS, "created_at": BIG_MS}],
         Event: [{"id": "evt_1", "subscription": "wh_1", "kind": "vc.test.ping", "body": BODY,
                  "created_at": BIG_MS}],
@@ -135,8 +138,8 @@ def test_every_table_round_trips(database):
 
 def test_defaults_come_from_the_schema(database):
     db.execute_sql("""INSERT INTO "organization" ("id", "slug", "created_at") VALUES ('org_1', 'acme', 1)""")
-    db.execute_sql("""INSERT INTO "subscription" ("id", "organization_id", "url", "secret", "created_at")
-                      VALUES ('wh_1', 'org_1', 'https://x.example/', 's', 1)""")
+    db.execute_sql("""INSERT INTO "subscription" ("id", "organization_id", "url", "created_at", "secret_key_id",
+                      "secret_sealed") VALUES ('wh_1', 'org_1', 'https://x.example/', 1, 'k', '\\x00')""")
     subscription = Subscription.select(Subscription, Organization).join(Organization).get()
     assert (subscription.organization.rate_limit_per_minute, subscription.active,
             subscription.consecutive_failures) == (600, True, 0)

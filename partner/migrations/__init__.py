@@ -79,10 +79,27 @@ def upgrade(database) -> list[str]:
     """Apply pending migrations, one process at a time; the names applied (none when up to date:
     then no DDL runs and no lock is taken). Raises SchemaTooNew, having written nothing."""
     with database.connection_context():
-        if not _check(status(database)).pending:
+        before = _check(status(database))
+        if not before.pending:
             return []
         locked = _on_postgresql if isinstance(database, PostgresqlDatabase) else _on_sqlite
-        return locked(database, lambda: _apply(database))
+        applied = locked(database, lambda: _apply(database))
+        if not before.empty and any(getattr(migration.load(), "SCRUB", False)
+               for migration in runner(database).migrations() if migration.name in applied):
+            scrub(database)
+        return applied
+
+
+def scrub(database) -> None:
+    """Rewrite the database so that nothing a migration removed stays readable in freed pages: a
+    removed row's bytes stay in the file (and SQLite's -wal) until overwritten. SQLite: VACUUM
+    rebuilds the file, a TRUNCATE checkpoint empties the -wal. PostgreSQL: VACUUM FULL rewrites
+    the tables (a dropped column's values stay in the old row versions otherwise)."""
+    if isinstance(database, PostgresqlDatabase):
+        database.execute_sql("VACUUM FULL subscription")
+        return
+    database.execute_sql("VACUUM")
+    database.execute_sql("PRAGMA wal_checkpoint(TRUNCATE)")
 
 
 def _check(current: SchemaStatus) -> SchemaStatus:

@@ -10,7 +10,7 @@ from flask import current_app
 from flask.cli import AppGroup
 
 from models import db
-from partner import migrations, retention
+from partner import encryption, migrations, retention, sealing
 from partner.deliveries import STATES, list_deliveries, replay_dead_letters
 from partner.errors import OperatorError, ValidationError
 from partner.keys import IssuedKey, create_key, list_keys, revoke_key, rotate_key
@@ -80,8 +80,9 @@ def rotate_command(key_id: str) -> None:
 
 webhooks_cli = AppGroup("webhooks", help="Inspect and re-enable webhook subscriptions.")
 deliveries_cli = AppGroup("deliveries", help="Inspect deliveries and replay dead letters.")
-db_cli = AppGroup("db", help="Database upkeep.")
-COMMANDS = (keys_cli, webhooks_cli, deliveries_cli, db_cli)
+db_cli = AppGroup("db", help="Database upkeep: schema versions, backups, retention.")
+encryption_cli = AppGroup("encryption", help="Keys that seal webhook secrets at rest.")
+COMMANDS = (keys_cli, webhooks_cli, deliveries_cli, db_cli, encryption_cli)
 
 
 class Rfc3339(click.ParamType):
@@ -210,3 +211,19 @@ def db_upgrade() -> None:
     for name in applied:
         click.echo(f"applied: {name}")
     click.echo(f"schema version {migrations.number(applied[-1]) if applied else 'unchanged'}: up to date")
+
+
+@encryption_cli.command("new-key")
+def encryption_new_key() -> None:
+    """Print a fresh key for PARTNER_ENCRYPTION_KEYS on the last line."""
+    click.echo("Put it first in PARTNER_ENCRYPTION_KEYS, keep the old keys after it, restart, then run "
+               "`flask encryption rotate`:", err=True)
+    click.echo(sealing.new_key())
+
+
+@encryption_cli.command("rotate")
+def encryption_rotate() -> None:
+    """Re-seal every webhook secret under the first key, in small batches, while the service runs."""
+    rotated = _run(encryption.rotate)
+    click.echo(f"Re-sealed {rotated.resealed} webhook secrets under key id {rotated.key_id}; every "
+               f"secret is now sealed under it, and keys after it may be removed.")
