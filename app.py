@@ -11,6 +11,7 @@ from delivery import Dispatcher
 from models import db, open_database
 from partner import sealing
 from partner.availability import describe, is_unavailable
+from partner.backup import hold_serving_lock, sqlite_path
 from partner.config import load_config
 from partner.database import write_refusal
 from partner.edge.apidocs import docs
@@ -53,6 +54,8 @@ def create_app(overrides: dict | None = None) -> Flask:
     if runs_a_schema_command():  # it reads or changes the database as it is, and serves nothing
         app.extensions["database"] = _open_database(app.config["DATABASE_URL"], migrate=False)
     else:
+        if app.config["DATABASE_URL"].startswith("sqlite"):  # `flask db restore` refuses while held
+            hold_serving_lock(sqlite_path(app.config["DATABASE_URL"]))
         app.extensions["database"] = _open_database(app.config["DATABASE_URL"], migrate=True)
         _say_if_the_database_cannot_write(app)
         with db.connection_context():

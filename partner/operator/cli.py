@@ -10,7 +10,7 @@ from flask import current_app
 from flask.cli import AppGroup
 
 from models import db
-from partner import encryption, migrations, retention, sealing
+from partner import backup, encryption, migrations, retention, sealing
 from partner.deliveries import STATES, list_deliveries, replay_dead_letters
 from partner.errors import OperatorError, ValidationError
 from partner.keys import IssuedKey, create_key, list_keys, revoke_key, rotate_key
@@ -113,10 +113,15 @@ def _table(header: tuple, rows) -> None:
 def _run(operation, *args, **kwargs):
     """Run a domain operation on a connection; its refusal exits 1 with the message."""
     with db.connection_context():
-        try:
-            return operation(*args, **kwargs)
-        except OperatorError as error:
-            raise click.ClickException(str(error)) from None
+        return _unless_refused(operation, *args, **kwargs)
+
+
+def _unless_refused(operation, *args, **kwargs):
+    """Run a domain operation; its refusal exits 1 with the message."""
+    try:
+        return operation(*args, **kwargs)
+    except OperatorError as error:
+        raise click.ClickException(str(error)) from None
 
 
 @webhooks_cli.command("list")
@@ -211,6 +216,26 @@ def db_upgrade() -> None:
     for name in applied:
         click.echo(f"applied: {name}")
     click.echo(f"schema version {migrations.number(applied[-1]) if applied else 'unchanged'}: up to date")
+
+
+@db_cli.command("backup")
+@click.argument("path")
+def db_backup(path: str) -> None:
+    """SQLite: a consistent, verified, fsynced copy at PATH while the service serves."""
+    made = _unless_refused(backup.backup, current_app.config["DATABASE_URL"], path)
+    click.echo(f"backup {made.path}: {made.bytes} bytes, schema {made.version}, integrity ok")
+
+
+@db_cli.command("restore")
+@click.argument("path")
+def db_restore(path: str) -> None:
+    """SQLite: put the verified copy at PATH in place (every service stopped); the current file is kept aside."""
+    restored = _unless_refused(backup.restore, current_app.config["DATABASE_URL"], path)
+    for aside in restored.moved_aside:
+        click.echo(f"moved aside: {aside}")
+    click.echo(f"restored {path} (schema {restored.version}) as "
+               f"{backup.sqlite_path(current_app.config['DATABASE_URL'])}; the next start applies any pending "
+               f"migrations")
 
 
 @encryption_cli.command("new-key")
