@@ -91,7 +91,10 @@ def _verified_version(path: str) -> int:
         connection = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
         try:
             [(verdict,)] = connection.execute("PRAGMA integrity_check(1)").fetchall()
-            names = connection.execute(f'SELECT name FROM "{migrations.HISTORY_TABLE}"').fetchall()
+            versioned = connection.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
+                                           (migrations.HISTORY_TABLE,)).fetchall()
+            # No history: a database made by release 1.0 or 1.1, version 0.
+            names = connection.execute(f'SELECT name FROM "{migrations.HISTORY_TABLE}"').fetchall() if versioned else []
         finally:
             connection.close()
     except sqlite3.DatabaseError as error:

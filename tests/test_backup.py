@@ -13,7 +13,7 @@ import requests
 from tests.gunicorn_server import BIN, ROOT, STOP_SECONDS, Gunicorn, flask
 from tests.receivers import Receiver
 from tests.support import bearer
-from tests.test_migrations import assert_no_plaintext_secret
+from tests.test_migrations import assert_no_plaintext_secret, build_release
 
 FEEDERS = 4
 
@@ -157,3 +157,11 @@ def test_on_postgresql_the_commands_point_to_pg_dump(server_env, postgres_url, c
     refused = flask_db({**server_env, "PARTNER_DATABASE_URL": postgres_url}, command, str(tmp_path / "x"))
     assert refused.returncode == 1 and "pg_dump" in refused.stderr
     assert len(refused.stderr.strip().splitlines()) == 1
+
+
+def test_the_pre_upgrade_backup_of_a_release_1_1_database_is_taken_by_the_new_code(server_env, tmp_path):
+    """The upgrade runbook: back up with the new release's `flask db backup` before its first start."""
+    build_release(server_env["PARTNER_DATABASE_URL"], "1.1")
+    made = flask_db(server_env, "backup", str(tmp_path / "pre-upgrade.sqlite3"))
+    assert made.returncode == 0, made.stderr
+    assert made.stdout.splitlines()[-1].endswith(" bytes, schema 0, integrity ok")
