@@ -68,3 +68,10 @@ def test_schema_applied_twice_describes_the_same_database(tmp_path, from_schema)
     conn.executescript(migrations.SCHEMA_PATH.read_text())
     conn.close()
     assert describe(path) == from_schema
+
+
+def test_every_sqlite_commit_is_durable_before_it_is_acknowledged(app):
+    """synchronous=FULL (2) on the pooled connections every write uses: a commit is fsynced."""
+    from partner.database import write_transaction
+    with app.app_context(), models.db.connection_context(), write_transaction():
+        assert models.db.execute_sql("PRAGMA synchronous").fetchone() == (2,)
