@@ -26,7 +26,7 @@ from partner.errors import OperatorError
 POSTGRESQL_REFUSAL = ("the database is PostgreSQL: back it up with pg_dump -Fc and restore it with "
                       "pg_restore (docs/data.md)")
 
-_held: dict[str, int] = {}  # database file -> descriptor of its lock file, for the process's life
+_held: dict[str, int] = {}  # the database file -> descriptor of its lock file, while it is in use
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,8 @@ def hold_serving_lock(path: str) -> None:
     Waits while a restore is replacing the file."""
     path = os.path.abspath(path)
     if path not in _held:
+        for other in list(_held):  # one database per process (models.open_database)
+            os.close(_held.pop(other))
         descriptor = os.open(path + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
         fcntl.flock(descriptor, fcntl.LOCK_SH)
         _held[path] = descriptor

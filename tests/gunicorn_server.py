@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -101,3 +102,41 @@ def session():
         # No idle keep-alive connection for a graceful stop to wait out.
         http.headers["Connection"] = "close"
         yield http
+
+
+class PingLoad:
+    """Partners pinging a live service without pause: one thread per subscription, each creating
+    its subscription at `receiver_url/<n>` and then POSTing .../test until stop(). `events` holds
+    the ids of the pings answered 202, in order; `answers` every status."""
+
+    def __init__(self, base_url: str, key: str, receiver_url: str, feeders: int, pause: float = 0.0):
+        self.api, self.pause = base_url + "/api/v1/partner/webhooks", pause
+        self.auth = {"Authorization": f"Bearer {key}"}
+        self.events, self.answers, self.stopped = [], [], threading.Event()
+        with _http() as http:
+            self.subscriptions = [http.post(self.api, json={"url": f"{receiver_url}/{n}"}, headers=self.auth,
+                                            timeout=5).json() for n in range(feeders)]
+        self.threads = [threading.Thread(target=self._ping, args=(s,)) for s in self.subscriptions]
+        for thread in self.threads:
+            thread.start()
+
+    def _ping(self, subscription: dict) -> None:
+        with _http() as http:
+            while not self.stopped.is_set():
+                response = http.post(f"{self.api}/{subscription['id']}/test", headers=self.auth, timeout=10,
+                                     json={"secret": subscription["secret"]})
+                self.answers.append(response.status_code)
+                if response.status_code == 202:
+                    self.events.append(response.json()["id"])
+                time.sleep(self.pause)
+
+    def stop(self) -> None:
+        self.stopped.set()
+        for thread in self.threads:
+            thread.join()
+
+
+def _http() -> requests.Session:
+    http = requests.Session()
+    http.trust_env = False  # no proxy variables: loopback only
+    return http

@@ -4,15 +4,12 @@ gunicorn that accepts and delivers pings throughout."""
 import re
 import sqlite3
 import subprocess
-import threading
 import time
 
 import pytest
-import requests
 
-from tests.gunicorn_server import BIN, ROOT, STOP_SECONDS, Gunicorn, flask
+from tests.gunicorn_server import BIN, ROOT, STOP_SECONDS, Gunicorn, PingLoad, flask
 from tests.receivers import Receiver
-from tests.support import bearer
 from tests.test_migrations import assert_no_plaintext_secret, build_release
 
 FEEDERS = 4
@@ -41,39 +38,22 @@ def test_a_backup_under_load_restores_every_acknowledged_event_and_delivers_the_
     server_env.update(PARTNER_WEBHOOK_ALLOWED_NETWORKS='["127.0.0.0/8"]', PARTNER_DELIVERY_POLL_INTERVAL="0.05")
     receiver = Receiver(script=[slow_ok]).start()
     live = Gunicorn(server_env, tmp_path / "live")
-    restored, events, answers, stop = None, [], [], threading.Event()
+    restored, load = None, None
     try:
         live.wait_until_serving(session)
         key = flask(server_env, "keys", "create", "--org", "load", "--scope", "webhooks:manage",
                     "--rate-limit", "1000000")
-        api, auth = live.base_url + "/api/v1/partner/webhooks", bearer(key)
-        subscriptions = [session.post(api, json={"url": f"{receiver.url}/{n}"}, headers=auth, timeout=5).json()
-                         for n in range(FEEDERS)]
-
-        def ping(subscription):
-            with requests.Session() as http:
-                http.trust_env = False
-                while not stop.is_set():
-                    response = http.post(f"{api}/{subscription['id']}/test", headers=auth, timeout=10,
-                                         json={"secret": subscription["secret"]})
-                    answers.append(response.status_code)
-                    if response.status_code == 202:
-                        events.append(response.json()["id"])
-                    time.sleep(0.05)  # 4 x ~20 pings a second against ~20 deliveries: a backlog, not a flood
-        feeders = [threading.Thread(target=ping, args=(s,)) for s in subscriptions]
-        for feeder in feeders:
-            feeder.start()
+        # ~20 pings a second per subscription against ~5 deliveries: a backlog, not a flood.
+        load = PingLoad(live.base_url, key, receiver.url, FEEDERS, pause=0.05)
         time.sleep(1.5)
-        acknowledged = set(events)  # every 202 answered before the backup began
+        acknowledged = set(load.events)  # every 202 answered before the backup began
         path = tmp_path / "backup.sqlite3"
         made = flask_db(server_env, "backup", str(path))
         time.sleep(0.5)  # still accepting and delivering after it
-        stop.set()
-        for feeder in feeders:
-            feeder.join()
+        load.stop()
         assert made.returncode == 0, made.stderr
         assert re.fullmatch(rf"backup {path}: \d+ bytes, schema \d+, integrity ok", made.stdout.splitlines()[-1])
-        assert set(answers) == {202} and len(events) > len(acknowledged) > 0
+        assert set(load.answers) == {202} and len(load.events) > len(acknowledged) > 0
         assert live.stop() == 0
 
         fresh = {**server_env, "PARTNER_DATABASE_URL": f"sqlite:///{tmp_path}/fresh/partner.sqlite3"}
@@ -96,7 +76,8 @@ def test_a_backup_under_load_restores_every_acknowledged_event_and_delivers_the_
             time.sleep(0.2)
         assert not still_pending(database, pending)
     finally:
-        stop.set()
+        if load is not None:
+            load.stop()
         for server in (live, restored):
             if server is not None and server.process.poll() is None:
                 server.process.kill()

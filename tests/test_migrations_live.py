@@ -2,15 +2,13 @@
 is delivering. Release 1.1 ran schema.sql's DDL at every start, whose CREATE INDEX deadlocked with
 the running service's record step in about half the starts; an up-to-date start now runs none."""
 
-import threading
 import time
 
 import pytest
-import requests
 
-from tests.gunicorn_server import STOP_SECONDS, Gunicorn, flask
+from tests.gunicorn_server import STOP_SECONDS, Gunicorn, PingLoad, flask
 from tests.receivers import Receiver
-from tests.support import bearer, free_port
+from tests.support import free_port
 
 STARTS = 5
 FEEDERS = 4  # subscriptions pinged without pause, one thread each
@@ -27,45 +25,30 @@ def test_services_start_beside_a_delivering_one_and_every_outcome_is_recorded(
                       PARTNER_DELIVERY_POLL_INTERVAL="0.05")
     receiver = Receiver(script=[500, 200]).start()  # every other attempt fails: a failure is recorded
     delivering = Gunicorn(server_env, tmp_path / "delivering")
-    started, events, answers, stop = [], [], [], threading.Event()
+    started, load = [], None
     try:
         delivering.wait_until_serving(session)
         key = flask(server_env, "keys", "create", "--org", "rolling", "--scope", "webhooks:manage",
                     "--rate-limit", "1000000")
-        api, auth = delivering.base_url + "/api/v1/partner/webhooks", bearer(key)
-        subscriptions = [session.post(api, json={"url": f"{receiver.url}/{n}"}, headers=auth, timeout=5).json()
-                         for n in range(FEEDERS)]
-
-        def ping(subscription):
-            with requests.Session() as http:
-                http.trust_env = False
-                while not stop.is_set():
-                    response = http.post(f"{api}/{subscription['id']}/test", headers=auth, timeout=10,
-                                         json={"secret": subscription["secret"]})
-                    answers.append(response.status_code)
-                    if response.status_code == 202:
-                        events.append(response.json()["id"])
-        feeders = [threading.Thread(target=ping, args=(s,)) for s in subscriptions]
-        for feeder in feeders:
-            feeder.start()
+        load = PingLoad(delivering.base_url, key, receiver.url, FEEDERS)
         for n in range(STARTS):
             service = Gunicorn({**server_env, "PORT": str(free_port())}, tmp_path / f"start-{n}")
             started.append(service)
             service.wait_until_serving(session)  # fails the test if the worker could not boot
             assert service.stop() == 0
-        stop.set()
-        for feeder in feeders:
-            feeder.join()
-        assert set(answers) == {202} and len(events) > STARTS
+        load.stop()
+        events = set(load.events)
+        assert set(load.answers) == {202} and len(events) > STARTS
         deadline = time.monotonic() + 30
-        while not delivered(receiver) >= set(events) and time.monotonic() < deadline:
+        while not delivered(receiver) >= events and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert delivered(receiver) >= set(events)
+        assert delivered(receiver) >= events
         log = delivering.output()[1]
         assert "deadlock" not in log and "not recorded" not in log
         assert all("deadlock" not in service.output()[1] for service in started)
     finally:
-        stop.set()
+        if load is not None:
+            load.stop()
         for server in (delivering, *started):
             if server.process.poll() is None:
                 server.process.kill()
