@@ -15,8 +15,8 @@ from models import IN_FLIGHT_CONDITION, IS_OPEN, OPEN_CONDITION, Delivery, Event
 from partner.database import is_sqlite, keyset_page, new_id, run_sql, select_rows, write_transaction
 from partner.errors import ApiError
 from partner.outbound.transport import AttemptResult
-from partner.sealing import open_secret
 from partner.retry import RetryPolicy
+from partner.sealing import open_secret
 from partner.subscriptions import find_subscription
 from partner.timestamps import iso
 
