@@ -1,6 +1,7 @@
 """The application factory and the HTTP API: thin routes that parse, call one domain function, shape."""
 
 import logging
+import os
 
 from flask import Blueprint, Flask, current_app, g, request
 from playhouse.shortcuts import model_to_dict
@@ -9,10 +10,13 @@ from werkzeug.middleware.proxy_fix import ProxyFix
 
 from delivery import Dispatcher
 from models import db, open_database
+from partner import sealing
 from partner.availability import database_outage, describe, is_unavailable
+from partner.backup import hold_serving_lock, sqlite_path
 from partner.config import load_config
 from partner.database import probe_write
 from partner.edge.apidocs import docs
+from partner.encryption import check_stored_keys
 from partner.edge.auth import authenticate, require_scope
 from partner.edge.health import install_health
 from partner.edge.pagination import cursor_key, encode_cursor, read_page_args
@@ -22,7 +26,8 @@ from partner.edge.request_ids import install_request_ids
 from partner.edge.response_headers import install_response_headers
 from partner.edge.validation import Field, read_json_object, validate
 from partner.keys import IDENTITY_READ, WEBHOOKS_MANAGE
-from partner.operator.cli import COMMANDS
+from partner.migrations import SchemaTooNew
+from partner.operator.cli import COMMANDS, runs_a_schema_command
 from partner.operator.logs import database_name
 from partner.outbound.dns import Lookups
 from partner.outbox import TEST_PING, failures_page, trigger_test_ping
@@ -47,10 +52,17 @@ def create_app(overrides: dict | None = None) -> Flask:
     if app.config["ALLOWED_NETWORKS"]:
         log.warning("webhook targets in %s are exempt from the internal-address block",
                     ", ".join(map(str, app.config["ALLOWED_NETWORKS"])))
-    app.extensions["database"] = _open_database(app.config["DATABASE_URL"])
-    _say_if_the_database_cannot_write(app)
-    with db.connection_context():
-        app.extensions["cursor_key"] = cursor_key()
+    _load_keys(app)
+    if runs_a_schema_command():  # it reads or changes the database as it is, and serves nothing
+        app.extensions["database"] = _open_database(app.config["DATABASE_URL"], migrate=False)
+    else:
+        if app.config["DATABASE_URL"].startswith("sqlite"):  # `flask db restore` refuses while held
+            hold_serving_lock(sqlite_path(app.config["DATABASE_URL"]))
+        app.extensions["database"] = _open_database(app.config["DATABASE_URL"], migrate=True)
+        _say_if_the_database_cannot_write(app)
+        with db.connection_context():
+            _refuse_unknown_keys(app)
+            app.extensions["cursor_key"] = cursor_key()
     app.extensions["rate_limits"] = RateLimits(app)
     app.extensions["delivery"] = Dispatcher(app.config)
     lookups = Lookups(app.config["RESOLVER"], threads=8)
@@ -73,15 +85,37 @@ def create_app(overrides: dict | None = None) -> Flask:
     return app
 
 
-def _open_database(url: str):
-    """open_database, saying in one line which database could not be opened and why."""
+def _open_database(url: str, migrate: bool):
+    """open_database, saying in one line which database could not be opened (or is too new) and why."""
     try:
-        return open_database(url)
+        return open_database(url, migrate)
+    except SchemaTooNew as error:
+        log.error("database %s refused: %s", database_name(url), error)
+        raise
     except Exception as error:
         if is_unavailable(error):
             log.error("database %s cannot be opened (%s): the service cannot start until it can (SQLite "
                       "on a full disk: free room for its -wal and -shm files)", database_name(url),
                       describe(error))
+        raise
+
+
+def _load_keys(app: Flask) -> None:
+    """The keys that seal webhook secrets; a setting that cannot be used is refused in one line."""
+    url = app.config["DATABASE_URL"]
+    key_file = app.config["ENCRYPTION_KEY_FILE"] or os.path.join(app.instance_path, "encryption.key")
+    try:
+        sealing.use(sealing.load_keyring(app.config["ENCRYPTION_KEYS"], key_file, url.startswith("sqlite")))
+    except sealing.SealingError as error:
+        log.error("refusing to start: %s", error)
+        raise
+
+
+def _refuse_unknown_keys(app: Flask) -> None:
+    try:
+        check_stored_keys()
+    except sealing.SealingError as error:
+        log.error("database %s refused: %s", database_name(app.config["DATABASE_URL"]), error)
         raise
 
 
@@ -178,7 +212,8 @@ def create_webhook():
     subscription = create_subscription(g.caller.organization.id, fields["url"], fields["description"],
                                        now_ms(current_app.config["CLOCK"]))
     location = f"{api.url_prefix}/webhooks/{subscription.id}"
-    return subscription_json(model_to_dict(subscription, recurse=False), include_secret=True), 201, {"Location": location}
+    row = {**model_to_dict(subscription, recurse=False), "secret": subscription.secret}
+    return subscription_json(row, include_secret=True), 201, {"Location": location}
 
 
 @api.get("/webhooks")

@@ -1,5 +1,7 @@
--- The one source of the DDL. Applied idempotently at start-up; models.py mirrors it and
--- tests/test_models.py proves the two agree. Portable SQL: runs on SQLite and PostgreSQL.
+-- The current schema: a new database is made from this file in one step (partner/migrations), and
+-- an existing one reaches the same shape by its numbered migrations (tests/test_migrations.py).
+-- models.py mirrors it and tests/test_models.py proves the two agree. Portable SQL: runs on SQLite
+-- and PostgreSQL.
 -- Every *_at column holds Unix time in milliseconds (UTC).
 
 CREATE TABLE IF NOT EXISTS "organization" (
@@ -26,11 +28,14 @@ CREATE TABLE IF NOT EXISTS "subscription" (
     "organization_id" TEXT NOT NULL,
     "url" TEXT NOT NULL,
     "description" TEXT,
-    "secret" TEXT NOT NULL,
     "active" BOOLEAN NOT NULL DEFAULT TRUE,
     "consecutive_failures" INTEGER NOT NULL DEFAULT 0,
     "auto_disabled_at" BIGINT,
     "created_at" BIGINT NOT NULL,
+    -- The signing secret, sealed (partner/sealing.py): the id of the key that sealed it, and
+    -- nonce + AES-GCM ciphertext. Never stored in plaintext.
+    "secret_key_id" TEXT NOT NULL,
+    "secret_sealed" BYTEA NOT NULL,
     "deleted_at" BIGINT,
     FOREIGN KEY ("organization_id") REFERENCES "organization" ("id")
 );

@@ -11,6 +11,8 @@ from a cursor in the middle of the hot subscription's history. The SQL they send
 shown with EXPLAIN QUERY PLAN.
 """
 
+import json
+import os
 import random
 import sqlite3
 import statistics
@@ -39,6 +41,14 @@ from partner import outbox  # noqa: E402
 from partner import retention  # noqa: E402
 from app import create_app  # noqa: E402
 from models import Subscription, db, open_database  # noqa: E402
+from peewee import SqliteDatabase  # noqa: E402
+
+try:  # release 1.2: schema versions, sealed secrets
+    from partner import migrations, sealing  # noqa: E402
+    os.environ.setdefault("PARTNER_ENCRYPTION_KEYS", json.dumps([sealing.new_key()]))
+    sealing.use(sealing.keyring_of(os.environ["PARTNER_ENCRYPTION_KEYS"]))
+except ImportError:
+    migrations = sealing = None
 
 
 def body(event_id: str, subscription_id: str, occurred_ms: int) -> bytes:
@@ -52,7 +62,7 @@ def body(event_id: str, subscription_id: str, occurred_ms: int) -> bytes:
 COLUMNS = {
     "organization": ("id", "slug", "rate_limit_per_minute", "created_at"),
     "subscription": ("id", "organization_id", "url", "description", "secret", "active",
-                     "consecutive_failures", "auto_disabled_at", "created_at"),
+                     "consecutive_failures", "auto_disabled_at", "created_at", "secret_key_id", "secret_sealed"),
     "event": ("id", "subscription_id", "kind", "body", "created_at"),
     "delivery": ("event_id", "subscription_id", "state", "attempts", "due_at", "lease_token"),
     "failure": ("id", "subscription_id", "event_id", "attempt", "http_status", "error",
@@ -88,7 +98,7 @@ def build(path, history: int) -> None:
         insert(connection, "organization", [("org_bench", "bench", 600, NOW_MS)])
         insert(connection, "subscription",
                [(s, "org_bench", f"http://127.0.0.1:9999/ok/{n}", None, "whsec_" + "x" * 43, 1, 0,
-                 None, NOW_MS - 400 * DAY_MS) for n, s in enumerate(subscriptions)])
+                 None, NOW_MS - 400 * DAY_MS, *sealed(s, "whsec_" + "x" * 43)) for n, s in enumerate(subscriptions)])
         events, deliveries, failures = [], [], []
         for n in range(history):
             event_id = f"evt_{uuid.UUID(int=rng.getrandbits(128), version=4)}"
@@ -111,6 +121,13 @@ def build(path, history: int) -> None:
         insert(connection, "failure", failures)
     # No ANALYZE: the service never runs it, so its planner works without statistics too.
     connection.close()
+    if migrations is not None:  # the database is schema.sql's, as the service makes a new one
+        migrations.runner(SqliteDatabase(path)).fake()
+
+
+def sealed(subscription_id: str, secret: str) -> tuple:
+    """A subscription's stored secret columns (release 1.2), under the bench's key."""
+    return sealing.seal(subscription_id, secret) if sealing is not None else (None, None)
 
 
 def schema_sql() -> str:

@@ -30,6 +30,8 @@ DEFAULTS = {
     # Reverse-proxy hops whose X-Forwarded-For / -Proto are believed (CONTRACT §10). 0: a client can
     # never choose the address its failed authentications are counted against.
     "TRUSTED_PROXIES": 0,
+    "ENCRYPTION_KEYS": None,  # unset: a key file on SQLite (ENCRYPTION_KEY_FILE), refused on PostgreSQL
+    "ENCRYPTION_KEY_FILE": "",  # empty: encryption.key in the instance folder
     # Seams for tests: the wall clock (Unix seconds) and the DNS resolver (SEAMS).
     "CLOCK": time.time,
     "RESOLVER": ssrf.system_resolver,

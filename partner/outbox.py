@@ -19,6 +19,7 @@ from partner.database import is_sqlite, keyset_page, new_id, run_sql, select_row
 from partner.errors import ApiError
 from partner.outbound.transport import AttemptResult
 from partner.retry import RetryPolicy
+from partner.sealing import open_secret
 from partner.subscriptions import find_subscription
 from partner.timestamps import iso
 
@@ -39,7 +40,7 @@ _TAKE = ('UPDATE delivery SET state = {p}, due_at = {p}, lease_token = {p}, '
          '(SELECT event_id FROM delivery WHERE event_id IN ({ids}) AND {open} AND due_at <= {p}{lock}) '
          'RETURNING event_id, attempts, unrecorded')
 _CLAIMED = ('SELECT e.id AS event_id, e.kind, e.body, e.created_at, s.id AS subscription_id, s.url, '
-            's.secret, s.consecutive_failures, s.active FROM event AS e '
+            's.secret_key_id, s.secret_sealed, s.consecutive_failures, s.active FROM event AS e '
             'JOIN subscription AS s ON s.id = e.subscription_id WHERE e.id IN ({ids})')
 # Gives claimed deliveries back (pending, due again) or dead-letters them (dead, no due time).
 _RELEASE = ('UPDATE delivery SET state = {p}, due_at = {p}, lease_token = NULL '
@@ -160,7 +161,9 @@ def _claim_of(row: dict, taken: dict, token: str) -> Claim:
     """A claim from its event and subscription row. The attempt number is written only when an
     outcome is recorded: an attempt cut short is made again under the same number."""
     return Claim(row["event_id"], row["kind"], bytes(row["body"]), taken["attempts"] + 1, token,
-                 row["subscription_id"], row["url"], row["secret"], row["consecutive_failures"] > 0)
+                 row["subscription_id"], row["url"],
+                 open_secret(row["subscription_id"], row["secret_key_id"], row["secret_sealed"]),
+                 row["consecutive_failures"] > 0)
 
 
 def record_attempt(claim: Claim, result: AttemptResult, attempted_at: int, finished_at: int,

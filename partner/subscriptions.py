@@ -69,7 +69,7 @@ def create_subscription(org_id: str, url: str, description: str | None,
         if Subscription.select().where((Subscription.organization == org_id) & LIVE).count() >= MAX_SUBSCRIPTIONS:
             raise ValidationError([field_error(None, "too_many_subscriptions",
                                                f"An organization has at most {MAX_SUBSCRIPTIONS} subscriptions.")])
-        return Subscription.create(
+        return Subscription.create(  # the secret is sealed as it is set (models.Subscription.secret)
             id=new_id("wh"), organization=org_id, url=url, description=description,
             secret=SECRET_PREFIX + secrets.token_urlsafe(32), created_at=now_ms)
 

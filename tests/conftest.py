@@ -1,5 +1,7 @@
 """Fixtures: the real app on a temporary SQLite file, with the clock and the resolver injected."""
 
+import json
+import os
 import ssl
 import threading
 
@@ -9,14 +11,24 @@ import trustme
 from app import create_app
 from partner.keys import create_key
 from models import db
+from partner import sealing
 from tests.contract import ContractClient
 from tests.receivers import RawServer, Receiver
-from tests.support import PUBLIC_IP, WEBHOOKS, FakeClock, StubResolver, bearer, json_of
+from tests.support import ENCRYPTION_KEYS, PUBLIC_IP, WEBHOOKS, FakeClock, StubResolver, bearer, json_of
 
 ALLOWED_LOOPBACK = ["127.0.0.0/8"]
 
+# Every app the suite builds, in this process or another, seals with the suite's key.
+os.environ["PARTNER_ENCRYPTION_KEYS"] = json.dumps(ENCRYPTION_KEYS)
+
 # Throwaway Redis and PostgreSQL servers (fixtures redis_server, redis_url, postgres_server, postgres_url).
 pytest_plugins = ["tests.servers", "tests.gunicorn_server"]
+
+
+@pytest.fixture(autouse=True)
+def keyring():
+    """The suite's keys, loaded as create_app loads them, for tests that open the database directly."""
+    sealing.use(sealing.keyring_of(ENCRYPTION_KEYS))
 
 
 @pytest.fixture

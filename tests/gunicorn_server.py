@@ -1,18 +1,20 @@
 """A real gunicorn as `make run` starts it, for the tests where process behaviour matters: the
 fixtures server_env, smoke_key, gunicorn and session, and the Gunicorn process handle."""
 
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 import requests
 
-from tests.support import free_port
+from tests.support import ENCRYPTION_KEYS, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent  # the virtualenv the suite runs in: gunicorn and flask live beside python
@@ -29,8 +31,9 @@ def server_env(database_url):
     """The environment of `make run`: ours, minus anything that would configure the app or gunicorn.
     The database is conftest's `database_url`: SQLite, or PostgreSQL too under both_databases."""
     env = {name: value for name, value in os.environ.items()
-           if not name.startswith(("PARTNER_", "GUNICORN_", "FLASK_"))}
-    env.update(PORT=str(free_port()), PYTHONUNBUFFERED="1", PARTNER_DATABASE_URL=database_url)
+           if not name.startswith(("PARTNER_", "GUNICORN_", "FLASK_"))}  # the suite's keys are put back
+    env.update(PORT=str(free_port()), PYTHONUNBUFFERED="1", PARTNER_DATABASE_URL=database_url,
+               PARTNER_ENCRYPTION_KEYS=json.dumps(ENCRYPTION_KEYS))
     if SCHEDULER_ENABLED is not None:
         env["PARTNER_SCHEDULER_ENABLED"] = SCHEDULER_ENABLED
     return env
@@ -99,3 +102,41 @@ def session():
         # No idle keep-alive connection for a graceful stop to wait out.
         http.headers["Connection"] = "close"
         yield http
+
+
+class PingLoad:
+    """Partners pinging a live service without pause: one thread per subscription, each creating
+    its subscription at `receiver_url/<n>` and then POSTing .../test until stop(). `events` holds
+    the ids of the pings answered 202, in order; `answers` every status."""
+
+    def __init__(self, base_url: str, key: str, receiver_url: str, feeders: int, pause: float = 0.0):
+        self.api, self.pause = base_url + "/api/v1/partner/webhooks", pause
+        self.auth = {"Authorization": f"Bearer {key}"}
+        self.events, self.answers, self.stopped = [], [], threading.Event()
+        with _http() as http:
+            self.subscriptions = [http.post(self.api, json={"url": f"{receiver_url}/{n}"}, headers=self.auth,
+                                            timeout=5).json() for n in range(feeders)]
+        self.threads = [threading.Thread(target=self._ping, args=(s,)) for s in self.subscriptions]
+        for thread in self.threads:
+            thread.start()
+
+    def _ping(self, subscription: dict) -> None:
+        with _http() as http:
+            while not self.stopped.is_set():
+                response = http.post(f"{self.api}/{subscription['id']}/test", headers=self.auth, timeout=10,
+                                     json={"secret": subscription["secret"]})
+                self.answers.append(response.status_code)
+                if response.status_code == 202:
+                    self.events.append(response.json()["id"])
+                time.sleep(self.pause)
+
+    def stop(self) -> None:
+        self.stopped.set()
+        for thread in self.threads:
+            thread.join()
+
+
+def _http() -> requests.Session:
+    http = requests.Session()
+    http.trust_env = False  # no proxy variables: loopback only
+    return http

@@ -14,6 +14,10 @@ PUBLIC_IP = "93.184.215.14"  # answers for names the tests pretend are public; n
 PUBLIC_URL = "https://hooks.partner.example/h"  # resolves to PUBLIC_IP through the resolver fixture
 
 
+# The suite's PARTNER_ENCRYPTION_KEYS (PostgreSQL refuses to start without; unset, SQLite would write
+# a key file into the repository's instance folder).
+ENCRYPTION_KEYS = ["c3VpdGUta2V5LW5vdC1zZWNyZXQtMzItYnl0ZXMhISE"]
+
 def bearer(key: str) -> dict:
     """The Authorization header carrying `key`."""
     return {"Authorization": f"Bearer {key}"}

@@ -6,6 +6,7 @@ import multiprocessing
 
 import pytest
 
+from partner import sealing
 from models import Delivery, Event, Organization, Subscription, db, open_database
 from partner.outbox import claim_due
 from tests.support import run_together
@@ -33,13 +34,18 @@ def due(database_url) -> set[str]:
         # One subscription each: a subscription has at most one delivery in flight.
         with db.atomic():
             Subscription.insert_many([{"id": f"wh_{i}", "organization": org, "url": "https://x.example/",
-                                       "secret": "whsec_x", "created_at": NOW} for i in ids]).execute()
+                                       **sealed(f"wh_{i}", "whsec_x"), "created_at": NOW} for i in ids]).execute()
             Event.insert_many([{"id": i, "subscription": f"wh_{i}", "kind": "vc.test.ping",
                                 "body": b"{}", "created_at": NOW} for i in ids]).execute()
             Delivery.insert_many([{"event": i, "subscription": f"wh_{i}", "state": Delivery.PENDING,
                                    "due_at": NOW} for i in ids]).execute()
     yield set(ids)
     database.close()
+
+
+def sealed(subscription_id: str, secret: str) -> dict:
+    """A subscription's stored secret columns."""
+    return dict(zip(("secret_key_id", "secret_sealed"), sealing.seal(subscription_id, secret)))
 
 
 def claim_until_empty(now_ms: int = NOW) -> list[str]:

@@ -6,6 +6,7 @@ import pytest
 from peewee import SqliteDatabase
 
 import models
+from partner import migrations
 
 
 def describe(path) -> dict:
@@ -34,7 +35,7 @@ def describe(path) -> dict:
 def from_schema(tmp_path):
     path = tmp_path / "schema.sqlite3"
     conn = sqlite3.connect(path)
-    conn.executescript(models.SCHEMA_PATH.read_text())
+    conn.executescript(migrations.SCHEMA_PATH.read_text())
     conn.close()
     return describe(path)
 
@@ -63,8 +64,8 @@ def test_models_and_schema_agree_table_by_table(from_schema, from_models, part):
 def test_schema_applied_twice_describes_the_same_database(tmp_path, from_schema):
     path = tmp_path / "twice.sqlite3"
     conn = sqlite3.connect(path)
-    conn.executescript(models.SCHEMA_PATH.read_text())
-    conn.executescript(models.SCHEMA_PATH.read_text())
+    conn.executescript(migrations.SCHEMA_PATH.read_text())
+    conn.executescript(migrations.SCHEMA_PATH.read_text())
     conn.close()
     assert describe(path) == from_schema
 
@@ -87,3 +88,10 @@ def test_opening_a_sqlite_database_checks_the_version_before_anything_else(tmp_p
     with pytest.raises(RuntimeError, match="SQLite 3.34.1 found"):
         models.open_database(f"sqlite:///{path}", sqlite_version=(3, 34, 1))
     assert not path.parent.exists()  # nothing created, nothing opened
+
+
+def test_every_sqlite_commit_is_durable_before_it_is_acknowledged(app):
+    """synchronous=FULL (2) on the pooled connections every write uses: a commit is fsynced."""
+    from partner.database import write_transaction
+    with app.app_context(), models.db.connection_context(), write_transaction():
+        assert models.db.execute_sql("PRAGMA synchronous").fetchone() == (2,)

@@ -1,6 +1,8 @@
 """The operator CLI, every `flask` command group: keys, webhooks, deliveries, db. Keys have no
 HTTP endpoint. Thin: parse, call one domain function, print."""
 
+import os
+import sys
 from datetime import datetime
 
 import click
@@ -8,7 +10,7 @@ from flask import current_app
 from flask.cli import AppGroup
 
 from models import db
-from partner import retention
+from partner import backup, encryption, migrations, retention, sealing
 from partner.deliveries import STATES, list_deliveries, replay_dead_letters
 from partner.errors import OperatorError, ValidationError
 from partner.keys import MAX_RATE_LIMIT, IssuedKey, create_key, list_keys, revoke_key, rotate_key
@@ -79,8 +81,9 @@ def rotate_command(key_id: str) -> None:
 
 webhooks_cli = AppGroup("webhooks", help="Inspect and re-enable webhook subscriptions.")
 deliveries_cli = AppGroup("deliveries", help="Inspect deliveries and replay dead letters.")
-db_cli = AppGroup("db", help="Database upkeep.")
-COMMANDS = (keys_cli, webhooks_cli, deliveries_cli, db_cli)
+db_cli = AppGroup("db", help="Database upkeep: schema versions, backups, retention.")
+encryption_cli = AppGroup("encryption", help="Keys that seal webhook secrets at rest.")
+COMMANDS = (keys_cli, webhooks_cli, deliveries_cli, db_cli, encryption_cli)
 
 
 class Rfc3339(click.ParamType):
@@ -111,10 +114,15 @@ def _table(header: tuple, rows) -> None:
 def _run(operation, *args, **kwargs):
     """Run a domain operation on a connection; its refusal exits 1 with the message."""
     with db.connection_context():
-        try:
-            return operation(*args, **kwargs)
-        except OperatorError as error:
-            raise click.ClickException(str(error)) from None
+        return _unless_refused(operation, *args, **kwargs)
+
+
+def _unless_refused(operation, *args, **kwargs):
+    """Run a domain operation; its refusal exits 1 with the message."""
+    try:
+        return operation(*args, **kwargs)
+    except OperatorError as error:
+        raise click.ClickException(str(error)) from None
 
 
 @webhooks_cli.command("list")
@@ -170,3 +178,78 @@ def db_prune(days: int | None) -> None:
     click.echo(f"Removed {pruned.events} events, {pruned.deliveries} deliveries and "
                f"{pruned.failures} failure records: delivered or dead-lettered, created before "
                f"{iso(before)} ({days} days).")
+
+
+# `flask db …` commands that look at the database as it is: the app the flask command builds before
+# running them must neither migrate the database nor refuse it.
+SCHEMA_COMMANDS = ("status", "upgrade", "backup", "restore")
+
+
+def runs_a_schema_command(argv: list[str] | None = None) -> bool:
+    """Whether this process is `flask [options] db status|upgrade|backup|restore`."""
+    argv = sys.argv if argv is None else argv
+    if not argv or os.path.basename(argv[0]) != "flask":
+        return False
+    return any(group == "db" and command in SCHEMA_COMMANDS for group, command in zip(argv[1:], argv[2:]))
+
+
+@db_cli.command("status")
+@click.pass_context
+def db_status(ctx: click.Context) -> None:
+    """Schema version of the database and of the code; exit 0 up to date, 1 pending, 2 newer."""
+    with db.connection_context():
+        current = migrations.status(db.obj)
+    click.echo(f"database schema version {current.version}, code's latest {current.latest}")
+    for name in current.pending:
+        click.echo(f"pending: {name}")
+    for name in current.unknown:
+        click.echo(f"applied by a newer release: {name}")
+    ctx.exit(2 if current.is_newer else 1 if current.pending else 0)
+
+
+@db_cli.command("upgrade")
+def db_upgrade() -> None:
+    """Apply pending migrations under the migration lock (a no-op when up to date)."""
+    try:
+        applied = migrations.upgrade(db.obj)
+    except migrations.SchemaTooNew as error:
+        raise click.ClickException(str(error)) from None
+    for name in applied:
+        click.echo(f"applied: {name}")
+    click.echo(f"schema version {migrations.number(applied[-1]) if applied else 'unchanged'}: up to date")
+
+
+@db_cli.command("backup")
+@click.argument("path")
+def db_backup(path: str) -> None:
+    """SQLite: a consistent, verified, fsynced copy at PATH while the service serves."""
+    made = _unless_refused(backup.backup, current_app.config["DATABASE_URL"], path)
+    click.echo(f"backup {made.path}: {made.bytes} bytes, schema {made.version}, integrity ok")
+
+
+@db_cli.command("restore")
+@click.argument("path")
+def db_restore(path: str) -> None:
+    """SQLite: put the verified copy at PATH in place (every service stopped); the current file is kept aside."""
+    restored = _unless_refused(backup.restore, current_app.config["DATABASE_URL"], path)
+    for aside in restored.moved_aside:
+        click.echo(f"moved aside: {aside}")
+    click.echo(f"restored {path} (schema {restored.version}) as "
+               f"{backup.sqlite_path(current_app.config['DATABASE_URL'])}; the next start applies any pending "
+               f"migrations")
+
+
+@encryption_cli.command("new-key")
+def encryption_new_key() -> None:
+    """Print a fresh key for PARTNER_ENCRYPTION_KEYS on the last line."""
+    click.echo("Put it first in PARTNER_ENCRYPTION_KEYS, keep the old keys after it, restart, then run "
+               "`flask encryption rotate`:", err=True)
+    click.echo(sealing.new_key())
+
+
+@encryption_cli.command("rotate")
+def encryption_rotate() -> None:
+    """Re-seal every webhook secret under the first key, in small batches, while the service runs."""
+    rotated = _run(encryption.rotate)
+    click.echo(f"Re-sealed {rotated.resealed} webhook secrets under key id {rotated.key_id}; every "
+               f"secret is now sealed under it, and keys after it may be removed.")

@@ -1,0 +1,45 @@
+"""Sealed webhook secrets in the database: the start-up check that every one can be opened, and
+re-sealing under the first configured key (`flask encryption rotate`)."""
+
+from dataclasses import dataclass
+
+from partner import sealing
+from partner.database import run_sql, write_transaction
+
+# Small batches: each is one short write transaction, so deliveries and API writes keep flowing.
+ROTATE_BATCH = 50
+
+_STALE = ("SELECT id, secret_key_id, secret_sealed FROM subscription "
+          "WHERE secret_key_id <> {p} ORDER BY id LIMIT {p}")
+_RESEAL = ("UPDATE subscription SET secret_key_id = {p}, secret_sealed = {p} "
+           "WHERE id = {p} AND secret_key_id = {p}")
+
+
+def check_stored_keys() -> None:
+    """Raise SealingError naming the first stored key id that no configured key has."""
+    ring = sealing.keyring()
+    for (key_id,) in run_sql("SELECT DISTINCT secret_key_id FROM subscription", ()).fetchall():
+        if key_id not in ring.ciphers:
+            raise sealing.SealingError(f"webhook secrets are sealed under key id {key_id}, which "
+                                       f"PARTNER_ENCRYPTION_KEYS does not hold: add that key back")
+
+
+@dataclass(frozen=True)
+class Rotated:
+    resealed: int
+    key_id: str
+
+
+def rotate(batch: int = ROTATE_BATCH) -> Rotated:
+    """Re-seal every secret not sealed under the first key, `batch` rows per transaction. A row
+    changed meanwhile (deleted, or re-sealed by another rotation) is skipped."""
+    ring, resealed = sealing.keyring(), 0
+    while True:
+        with write_transaction():
+            rows = run_sql(_STALE, (ring.sealing_id, batch)).fetchall()
+            for subscription_id, key_id, sealed in rows:
+                secret = ring.open(subscription_id, key_id, sealed)
+                new_key_id, new_sealed = ring.seal(subscription_id, secret)
+                resealed += run_sql(_RESEAL, (new_key_id, new_sealed, subscription_id, key_id)).rowcount
+        if len(rows) < batch:
+            return Rotated(resealed, ring.sealing_id)

@@ -1,0 +1,163 @@
+"""Schema versions. Numbered migrations live beside this file (`NNNN_name.py`, each an
+`up(migrator, db)`) and are run by peewee's own runner (playhouse.migrations) with its schema
+migrator (playhouse.migrate), which rebuilds SQLite tables where ALTER TABLE cannot. The runner's
+history table records each applied migration; a database's version is the number of its last one.
+
+A database with no history is either empty (it gets schema.sql, the whole current schema in one
+step, and every migration is recorded as applied) or was made by release 1.0 or 1.1 before
+versions existed (every migration runs, starting with 0001_baseline). What is written here adds
+to peewee only the locking: one process migrates at a time, the others wait and find nothing left.
+"""
+
+import itertools
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from peewee import OperationalError, PostgresqlDatabase
+from playhouse.migrations import Runner
+
+DIRECTORY = Path(__file__).parent
+SCHEMA_PATH = DIRECTORY.parent.parent / "schema.sql"
+HISTORY_TABLE = "schema_migration"
+BASELINE_TABLE = "organization"  # present in every database any release made
+# Any constant: the PostgreSQL advisory lock held by the one process that migrates.
+MIGRATION_LOCK_ID = 0x7061727472
+# PostgreSQL: how long a migration waits for a table lock before it backs off and tries again.
+# Below the server's deadlock_timeout (1 s), so a migration that would deadlock with a running
+# service's transaction always gives way first: the service's transaction is never the one cancelled.
+LOCK_TIMEOUT = "200ms"
+LOCK_RETRIES = 50
+
+
+class SchemaTooNew(Exception):
+    """The database was written by a newer release of the service than this code."""
+
+
+@dataclass
+class SchemaStatus:
+    version: int  # the last migration applied; 0 before any
+    latest: int  # the code's last migration
+    pending: list[str] = field(default_factory=list)
+    unknown: list[str] = field(default_factory=list)  # applied, but not in this code: a newer release
+    empty: bool = False
+
+    @property
+    def is_newer(self) -> bool:
+        return bool(self.unknown)
+
+    def refusal(self) -> str:
+        return (f"the database's schema is version {self.version}, newer than this code's "
+                f"{self.latest} ({', '.join(self.unknown)}): run the newer release, or restore a "
+                f"backup taken before the upgrade")
+
+
+def runner(database) -> Runner:
+    return Runner(database, str(DIRECTORY), table_name=HISTORY_TABLE)
+
+
+def number(name: str) -> int:
+    return int(name.split("_", 1)[0])
+
+
+def names() -> list[str]:
+    """The code's migrations, in order."""
+    return sorted(path.stem for path in DIRECTORY.glob("[0-9]*.py"))
+
+
+def status(database) -> SchemaStatus:
+    """Where the database stands against the code: plain reads, no lock, nothing written."""
+    known = names()
+    applied = set(runner(database).applied())
+    unknown = sorted(applied - set(known), key=number)
+    return SchemaStatus(version=max(map(number, applied), default=0), latest=number(known[-1]),
+                        pending=[name for name in known if name not in applied], unknown=unknown,
+                        empty=not applied and not database.table_exists(BASELINE_TABLE))
+
+
+def upgrade(database) -> list[str]:
+    """Apply pending migrations, one process at a time; the names applied (none when up to date:
+    then no DDL runs and no lock is taken). Raises SchemaTooNew, having written nothing."""
+    with database.connection_context():
+        before = _check(status(database))
+        if not before.pending:
+            return []
+        locked = _on_postgresql if isinstance(database, PostgresqlDatabase) else _on_sqlite
+        applied = locked(database, lambda: _apply(database))
+        if not before.empty and any(getattr(migration.load(), "SCRUB", False)
+               for migration in runner(database).migrations() if migration.name in applied):
+            scrub(database)
+        return applied
+
+
+def scrub(database) -> None:
+    """Rewrite the database so that nothing a migration removed stays readable in freed pages: a
+    removed row's bytes stay in the file (and SQLite's -wal) until overwritten. SQLite: VACUUM
+    rebuilds the file, a TRUNCATE checkpoint empties the -wal. PostgreSQL: VACUUM FULL rewrites
+    the tables (a dropped column's values stay in the old row versions otherwise)."""
+    if isinstance(database, PostgresqlDatabase):
+        database.execute_sql("VACUUM FULL subscription")
+        return
+    database.execute_sql("VACUUM")
+    database.execute_sql("PRAGMA wal_checkpoint(TRUNCATE)")
+
+
+def _check(current: SchemaStatus) -> SchemaStatus:
+    if current.is_newer:
+        raise SchemaTooNew(current.refusal())
+    return current
+
+
+def _apply(database) -> list[str]:
+    """Inside the lock: another process may have migrated while this one waited for it."""
+    current = _check(status(database))
+    if not current.pending:
+        return []
+    return _create(database) if current.empty else runner(database).up()
+
+
+def _on_sqlite(database, apply) -> list[str]:
+    """`apply` under SQLite's write lock (BEGIN IMMEDIATE waits for it), with foreign keys off:
+    rebuilding a table drops it, and ON DELETE CASCADE would empty its children. The pragma is
+    ignored inside a transaction, so it is set before BEGIN, and the keys are checked before COMMIT."""
+    database.pragma("foreign_keys", 0)
+    try:
+        with database.atomic("IMMEDIATE"):
+            applied = apply()
+            broken = database.execute_sql("PRAGMA foreign_key_check").fetchall()
+            if broken:
+                raise RuntimeError(f"a migration broke {len(broken)} foreign keys, e.g. {broken[0]}")
+        return applied
+    finally:
+        database.pragma("foreign_keys", 1)
+
+
+def _on_postgresql(database, apply) -> list[str]:
+    """`apply` under the advisory lock, in a transaction whose table locks give way (and retry)
+    rather than deadlock with a running service."""
+    database.execute_sql("SELECT pg_advisory_lock(%s)", (MIGRATION_LOCK_ID,))
+    try:
+        for attempt in itertools.count(1):
+            try:
+                with database.atomic():
+                    database.execute_sql(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
+                    return apply()
+            except OperationalError as error:
+                if "lock timeout" not in str(error) or attempt == LOCK_RETRIES:
+                    raise
+                time.sleep(min(0.02 * attempt, 0.5))
+    finally:
+        database.execute_sql("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK_ID,))
+
+
+def _create(database) -> list[str]:
+    """A new database: the current schema in one step, every migration recorded as applied."""
+    for statement in schema_statements(SCHEMA_PATH.read_text()):
+        database.execute_sql(statement)
+    return runner(database).fake()
+
+
+def schema_statements(sql: str) -> list[str]:
+    """The statements of a DDL file, comments dropped."""
+    lines = [line for line in sql.splitlines() if not line.lstrip().startswith("--")]
+    return [s.strip() for s in "\n".join(lines).split(";") if s.strip()]

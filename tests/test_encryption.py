@@ -1,0 +1,121 @@
+"""Webhook secrets sealed at rest (CONTRACT §9): never stored in plaintext, the partner's `whsec_…`
+keeps verifying before and after a key rotation, a stored secret under a key no configured key has
+is refused at start-up, and the key file used on SQLite when no key is configured."""
+
+import base64
+import os
+import stat
+
+import pytest
+
+import signing
+from app import create_app
+from models import Subscription, db
+from partner import sealing
+from partner.encryption import check_stored_keys
+from tests.support import ENCRYPTION_KEYS
+from tests.test_migrations import assert_no_plaintext_secret
+
+pytestmark = [pytest.mark.both_databases, pytest.mark.config(WEBHOOK_ALLOWED_NETWORKS=["127.0.0.0/8"])]
+
+OLD = ENCRYPTION_KEYS[0]
+NEW = "bmV3LWtleS1mb3ItdGhlLXJvdGF0aW9uLXRlc3QhISE"
+WEBHOOKS = "/api/v1/partner/webhooks"
+
+
+def key_id(key: str) -> str:
+    return sealing.key_id(sealing.decode_key(key))
+
+
+@pytest.fixture
+def start(config):
+    """create_app on the test's database with these keys (a restart with a new setting)."""
+    def start(keys):
+        return create_app({**config, "ENCRYPTION_KEYS": keys})
+    return start
+
+
+def subscribe_and_deliver(app, auth, url, subscription=None) -> dict:
+    """Create a subscription (unless given), trigger a ping with its secret, deliver it; the request."""
+    client = app.test_client()
+    if subscription is None:
+        subscription = client.post(WEBHOOKS, json={"url": url}, headers=auth).get_json()
+    response = client.post(f"{WEBHOOKS}/{subscription['id']}/test", json={"secret": subscription["secret"]},
+                           headers=auth)
+    assert response.status_code == 202  # the test trigger's constant-time compare opens the sealed secret
+    assert app.extensions["delivery"].run_due() == 1
+    return subscription
+
+
+def test_deliveries_verify_with_the_original_secret_before_and_after_a_rotation(
+        app, start, auth, receiver, clock, database_url):
+    subscription = subscribe_and_deliver(app, auth, receiver.url)
+    restarted = start([NEW, OLD])  # the new key first: it seals; the old one still opens
+    runner = restarted.test_cli_runner()
+    rotated = runner.invoke(args=["encryption", "rotate"])
+    assert rotated.exit_code == 0, rotated.output
+    assert f"Re-sealed 1 webhook secrets under key id {key_id(NEW)}" in rotated.output
+    only_new = start([NEW])  # the old key removed
+    subscribe_and_deliver(only_new, auth, receiver.url, subscription)
+    assert len(receiver.received) == 2
+    for request in receiver.received:
+        signing.verify(request.headers, request.body, subscription["secret"], now_ms=int(clock() * 1000))
+    with db.connection_context():
+        assert {s.secret_key_id for s in Subscription.select()} == {key_id(NEW)}
+    assert_no_plaintext_secret(database_url)
+
+
+def test_a_secret_under_a_key_no_longer_configured_is_refused_at_start_up(app, start, auth, caplog):
+    app.test_client().post(WEBHOOKS, json={"url": "https://hooks.partner.example/x"}, headers=auth)
+    with pytest.raises(sealing.SealingError, match=f"key id {key_id(OLD)}"):
+        start([NEW])
+    refusals = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+    assert len(refusals) == 1 and key_id(OLD) in refusals[0]
+
+
+def test_no_secret_is_stored_in_plaintext(app, auth, database_url):
+    client = app.test_client()
+    for n in range(5):
+        client.post(WEBHOOKS, json={"url": f"https://hooks.partner.example/{n}"}, headers=auth)
+    assert_no_plaintext_secret(database_url)
+
+
+def test_a_sealed_secret_moved_onto_another_subscription_does_not_open(app, auth):
+    client = app.test_client()
+    first, second = (client.post(WEBHOOKS, json={"url": "https://hooks.partner.example/"}, headers=auth)
+                     .get_json()["id"] for _ in range(2))
+    with db.connection_context():
+        stolen = Subscription.get_by_id(first)
+        Subscription.update(secret_sealed=stolen.secret_sealed).where(Subscription.id == second).execute()
+        with pytest.raises(sealing.SealingError):
+            Subscription.get_by_id(second).secret
+
+
+def test_new_key_prints_32_random_bytes_base64url(app):
+    keys = {app.test_cli_runner().invoke(args=["encryption", "new-key"]).stdout.splitlines()[-1]
+            for _ in range(2)}
+    assert len(keys) == 2
+    for key in keys:
+        assert "=" not in key and len(base64.urlsafe_b64decode(key + "=")) == 32
+
+
+@pytest.mark.parametrize("keys", ['["short"]', "[]", "not json", '"a string"', "[1]"])
+def test_an_unusable_key_setting_is_refused_at_start_up(start, keys):
+    with pytest.raises(sealing.SealingError, match="PARTNER_ENCRYPTION_KEYS"):
+        start(keys)
+
+
+def test_without_keys_sqlite_uses_a_key_file_made_once_with_mode_0600(config, tmp_path, backend, caplog):
+    if backend != "sqlite":
+        with pytest.raises(sealing.SealingError, match="PARTNER_ENCRYPTION_KEYS is not set"):
+            create_app({**config, "ENCRYPTION_KEYS": None})
+        return
+    key_file = tmp_path / "instance" / "encryption.key"
+    settings = {**config, "ENCRYPTION_KEYS": None, "ENCRYPTION_KEY_FILE": str(key_file)}
+    create_app(settings)
+    create_app(settings)  # the second start reads the same file
+    assert stat.S_IMODE(os.stat(key_file).st_mode) == 0o600
+    warnings = [r for r in caplog.records if "PARTNER_ENCRYPTION_KEYS is not set" in r.getMessage()]
+    assert len(warnings) == 1 and warnings[0].levelname == "WARNING"
+    with db.connection_context():
+        check_stored_keys()  # the file's key is the one in use

@@ -1,0 +1,190 @@
+"""Schema versions (CONTRACT §9): every released database is recognised and brought forward with
+every row intact, a fresh database has the same shape as the oldest one migrated, one process
+migrates at a time, an up-to-date start runs no DDL, and a database newer than the code is refused."""
+
+import os
+import shutil
+import urllib.parse
+import sqlite3
+import subprocess
+
+import pytest
+from playhouse.db_url import connect
+
+from app import create_app
+from models import open_database
+from partner import migrations, sealing
+from partner.migrations import SchemaTooNew
+from tests import test_models, test_postgres
+from tests.fixtures.release_rows import RELEASES, ROWS, SECRETS, schema_sql
+from tests.gunicorn_server import BIN, ROOT
+from tests.support import run_together
+
+pytestmark = pytest.mark.both_databases
+
+LATEST = migrations.number(migrations.names()[-1])
+
+
+def raw(database_url: str):
+    """A plain peewee database at the URL, not bound to the models."""
+    return connect(database_url)
+
+
+def build_release(database_url: str, release: str) -> None:
+    """A database exactly as release `release` left it: its schema.sql and realistic rows."""
+    database = raw(database_url)
+    with database.connection_context(), database.atomic():
+        for statement in migrations.schema_statements(schema_sql(release)):
+            database.execute_sql(statement)
+        for table, rows in ROWS.items():
+            for row in rows:
+                names = ", ".join(f'"{name}"' for name in row)
+                marks = ", ".join([database.param] * len(row))
+                database.execute_sql(f'INSERT INTO "{table}" ({names}) VALUES ({marks})', list(row.values()))
+
+
+def read_rows(database_url: str, table: str) -> list[dict]:
+    """The table's rows as the fixtures spell them, a subscription's secret opened from its sealed form."""
+    database = raw(database_url)
+    names = [name for name in ROWS[table][0] if name != "secret"]
+    sealed = ["secret_key_id", "secret_sealed"] if table == "subscription" else []
+    columns = ", ".join(f'"{name}"' for name in names + sealed)
+    with database.connection_context():
+        cursor = database.execute_sql(f'SELECT {columns} FROM "{table}" ORDER BY "{names[0]}"')
+        return [normalized(dict(zip(names + sealed, row))) for row in cursor.fetchall()]
+
+
+def normalized(row: dict) -> dict:
+    """SQLite stores a boolean as 0/1, psycopg2 reads bytes as a view; a secret is stored sealed."""
+    row = {name: (bool(value) if name == "active" else bytes(value) if name == "body" else value)
+           for name, value in row.items()}
+    if "secret_sealed" in row:
+        row["secret"] = sealing.open_secret(row["id"], row.pop("secret_key_id"), row.pop("secret_sealed"))
+    return row
+
+
+def history(database_url: str) -> list[str]:
+    database = raw(database_url)
+    with database.connection_context():
+        return [name for (name,) in database.execute_sql(
+            f'SELECT name FROM "{migrations.HISTORY_TABLE}" ORDER BY name').fetchall()]
+
+
+def shape(database_url: str, backend: str) -> dict:
+    if backend == "sqlite":
+        return test_models.describe(database_url.removeprefix("sqlite:///"))
+    described = test_postgres.describe(raw(database_url))
+    # A dropped column leaves a gap in PostgreSQL's ordinal positions: compare the columns' order.
+    described["columns"] = [(table, *rest) for table, _position, *rest in described["columns"]]
+    return described
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_every_row_of_a_released_database_survives_the_upgrade(database_url, release):
+    build_release(database_url, release)
+    open_database(database_url)
+    for table, rows in ROWS.items():
+        assert read_rows(database_url, table) == sorted(rows, key=lambda r: list(r.values())[0]), table
+    assert_no_plaintext_secret(database_url)
+    assert len(history(database_url)) == LATEST
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_a_released_database_upgraded_has_the_shape_of_a_fresh_one(request, backend, database_url, release):
+    build_release(database_url, release)
+    open_database(database_url)
+    fresh_url = request.getfixturevalue("second_database_url")
+    open_database(fresh_url)
+    assert shape(database_url, backend) == shape(fresh_url, backend)
+
+
+@pytest.fixture
+def second_database_url(backend, database_url, tmp_path, request):
+    if backend == "postgresql":
+        server = request.getfixturevalue("postgres_server")
+        return server.url(server.create_schema())
+    return f"sqlite:///{tmp_path}/second.sqlite3"
+
+
+def test_processes_starting_together_migrate_once(database_url):
+    build_release(database_url, "1.0")
+    databases = [raw(database_url) for _ in range(6)]
+    applied = []
+    errors = run_together(*[lambda d=d: applied.extend(migrations.upgrade(d)) for d in databases])
+    assert errors == []
+    assert sorted(applied) == history(database_url)  # each migration applied by exactly one of them
+    assert len(applied) == LATEST
+
+
+def test_a_database_newer_than_the_code_is_refused_and_left_untouched(database_url, caplog):
+    open_database(database_url)
+    future = raw(database_url)
+    with future.connection_context():
+        future.execute_sql(f'INSERT INTO "{migrations.HISTORY_TABLE}" (name, applied) '
+                           f"VALUES ('{LATEST + 1:04d}_from_the_future', '2030-01-01')")
+    before = history(database_url)
+    with pytest.raises(SchemaTooNew, match=f"version {LATEST + 1}, newer than this code's {LATEST}"):
+        create_app({"DATABASE_URL": database_url, "SCHEDULER_ENABLED": False})
+    assert history(database_url) == before
+    refusals = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+    assert len(refusals) == 1 and f"version {LATEST + 1}" in refusals[0]
+
+
+def schema_cookie(path: str) -> int:
+    """SQLite's schema version cookie: every DDL statement changes it."""
+    with sqlite3.connect(path) as conn:
+        return conn.execute("PRAGMA schema_version").fetchone()[0]
+
+
+def test_a_start_on_an_up_to_date_database_runs_no_ddl(tmp_path):
+    path = str(tmp_path / "partner.sqlite3")
+    open_database(f"sqlite:///{path}")
+    cookie = schema_cookie(path)
+    create_app({"DATABASE_URL": f"sqlite:///{path}", "SCHEDULER_ENABLED": False})
+    assert schema_cookie(path) == cookie
+
+
+def flask_db(database_url: str, *args: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLASK_")}
+    return subprocess.run([BIN / "flask", "db", *args], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                          env={**env, "PARTNER_DATABASE_URL": database_url})
+
+
+def test_db_status_and_upgrade_as_an_operator_runs_them(database_url):
+    build_release(database_url, "1.0")
+    pending = flask_db(database_url, "status")
+    assert pending.returncode == 1, pending.stderr
+    assert "pending: 0001_baseline" in pending.stdout
+    upgraded = flask_db(database_url, "upgrade")
+    assert upgraded.returncode == 0 and "applied: 0001_baseline" in upgraded.stdout
+    assert flask_db(database_url, "upgrade").stdout.splitlines() == [
+        "schema version unchanged: up to date"]
+    assert flask_db(database_url, "status").returncode == 0
+    future = raw(database_url)
+    with future.connection_context():
+        future.execute_sql(f'INSERT INTO "{migrations.HISTORY_TABLE}" (name, applied) '
+                           f"VALUES ('9999_future', '2030-01-01')")
+    newer = flask_db(database_url, "status")
+    assert newer.returncode == 2 and "9999_future" in newer.stdout
+
+
+def assert_no_plaintext_secret(database_url: str) -> None:
+    """No webhook secret's bytes in the SQLite file or its -wal (freed pages included); on
+    PostgreSQL, none in a pg_dump of the schema."""
+    if database_url.startswith("sqlite"):
+        path = database_url.removeprefix("sqlite:///")
+        stored = b"".join(open(p, "rb").read() for p in (path, path + "-wal") if os.path.exists(p))
+    else:
+        stored = pg_dump(database_url)
+    assert b"whsec_" not in stored
+    assert not any(secret.encode() in stored for secret in SECRETS.values())
+
+
+def pg_dump(database_url: str) -> bytes:
+    """pg_dump of the test's schema (the URL's search_path), as an operator would take it."""
+    base, options = database_url.split("?", 1)
+    schema = urllib.parse.unquote(options).split("search_path=", 1)[1]
+    if shutil.which("pg_dump") is None:
+        pytest.skip("pg_dump is not installed")
+    return subprocess.run(["pg_dump", "--schema", schema, base.replace("postgresql://", "postgresql://", 1)],
+                          capture_output=True, check=True, timeout=60).stdout
