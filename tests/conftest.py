@@ -96,6 +96,13 @@ def app(config):
 
 
 @pytest.fixture
+def database(app):
+    """The app's database, connected, inside its app context: for tests that call the domain directly."""
+    with app.app_context(), db.connection_context():
+        yield db
+
+
+@pytest.fixture
 def client(app):
     return app.test_client()
 

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from models import Delivery, Failure, Subscription, db
+from models import Delivery, Failure, Subscription
 from partner.keys import create_key
 from partner.outbox import MAX_UNRECORDED, claim_due, enqueue_test_ping, record_attempt, release
 from partner.outbound.transport import AttemptResult
@@ -19,12 +19,6 @@ LEASE = 40_000
 URL = "http://93.184.215.14/hook"  # never contacted by the stepped tests
 POLICY = RetryPolicy([60, 300], 20)
 CLOCK_START = NOW / 1000
-
-
-@pytest.fixture
-def database(app):
-    with app.app_context(), db.connection_context():
-        yield db
 
 
 @pytest.fixture

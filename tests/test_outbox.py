@@ -28,12 +28,6 @@ URL = "http://93.184.215.14/hook"  # never contacted: nothing here sends
 
 
 @pytest.fixture
-def database(app):
-    with app.app_context(), db.connection_context():
-        yield db
-
-
-@pytest.fixture
 def org(database):
     return create_key("acme", ["webhooks:manage"], NOW).key.organization
 

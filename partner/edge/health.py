@@ -5,6 +5,7 @@ database is read only through backlog.read_backlog, which is bounded in time, so
 hang or load the database with commits.
 """
 
+import threading
 import time
 
 from flask import Blueprint, Flask, current_app, g, request
@@ -51,13 +52,39 @@ def readyz():
 
 @health.get("/metrics")
 def scrape():
+    body, content_type = _recent_scrape.get(_render_scrape) if metrics.SHARED else _render_scrape()
+    return body, 200, {"Content-Type": content_type}
+
+
+def _render_scrape() -> tuple[bytes, str]:
     now = now_ms(current_app.config["CLOCK"])
     try:
         backlog = read_backlog(now, READY_TIMEOUT_SECONDS)
     except DatabaseUnavailable:
         backlog = None
-    body, content_type = metrics.exposition(backlog, now)
-    return body, 200, {"Content-Type": content_type}
+    return metrics.exposition(backlog, now)
+
+
+class Recent:
+    """A value computed at most once every `seconds`, by one thread at a time; the others get the
+    last one. Summing every worker's metric files costs milliseconds: without this, a hammer on
+    /metrics would cost the partner API what the scrapes cost."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        self._lock = threading.Lock()
+        self._value, self._computed_at = None, float("-inf")
+
+    def get(self, compute):
+        with self._lock:
+            if time.monotonic() - self._computed_at >= self.seconds:
+                self._value, self._computed_at = compute(), time.monotonic()
+            return self._value
+
+
+# Under gunicorn (metrics summed over workers), a scrape is at most a second old: Prometheus scrapes
+# every 15 s or so.
+_recent_scrape = Recent(seconds=1.0)
 
 
 def _start_timer() -> None:

@@ -15,6 +15,9 @@ from prometheus_client.core import GaugeMetricFamily
 from partner.backlog import Backlog
 
 disable_created_metrics()  # the `_created` twin of every series only doubles the scrape
+# Whether counts live in files every worker writes (under gunicorn), decided at import, as
+# prometheus_client itself decides it.
+SHARED = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
 
 HTTP_REQUESTS = Counter("partner_http_requests_total", "HTTP requests answered.",
                         ["method", "route", "status"])
@@ -64,7 +67,7 @@ def exposition(backlog: Backlog | None, now_ms: int) -> tuple[bytes, str]:
 
 
 def _counters():
-    if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+    if not SHARED:
         return REGISTRY
     registry = CollectorRegistry()
     multiprocess.MultiProcessCollector(registry)
