@@ -37,7 +37,7 @@ def healthz():
 def readyz():
     now = now_ms(current_app.config["CLOCK"])
     try:
-        backlog = read_backlog(now, READY_TIMEOUT_SECONDS)
+        backlog = _backlog(now)
     except DatabaseUnavailable as error:
         raise ApiError(503, "not_ready", f"database: {error}.") from None
     # Whether writes commit is learned from the service's own writes (a 503, the scanner's claims),
@@ -59,7 +59,7 @@ def scrape():
 def _render_scrape() -> tuple[bytes, str]:
     now = now_ms(current_app.config["CLOCK"])
     try:
-        backlog = read_backlog(now, READY_TIMEOUT_SECONDS)
+        backlog = _backlog(now)
     except DatabaseUnavailable:
         backlog = None
     return metrics.exposition(backlog, now)
@@ -82,9 +82,15 @@ class Recent:
             return self._value
 
 
-# Under gunicorn (metrics summed over workers), a scrape is at most a second old: Prometheus scrapes
-# every 15 s or so.
-_recent_scrape = Recent(seconds=1.0)
+def _backlog(now: int):
+    """The due backlog, read at most once a second under gunicorn (a probe or a scrape asks every
+    few seconds; a hammer of them must not open a connection each). Tests read it every time."""
+    read = lambda: read_backlog(now, READY_TIMEOUT_SECONDS)  # noqa: E731
+    return _recent_backlog.get(read) if metrics.SHARED else read()
+
+
+# Under gunicorn (metrics summed over workers), a scrape and the backlog are at most a second old.
+_recent_scrape, _recent_backlog = Recent(seconds=1.0), Recent(seconds=1.0)
 
 
 def _start_timer() -> None:
