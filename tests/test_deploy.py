@@ -158,3 +158,13 @@ def test_the_alert_rules_watch_metrics_the_service_exports():
     rules = (DEPLOY / "prometheus" / "alerts.yml").read_text()
     named = set(re.findall(r"\b(partner_[a-z_]+)\b", rules))
     assert len(named) == 5 and named <= exported, named - exported
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed")
+def test_systemd_accepts_the_unit(tmp_path):
+    """The shipped unit with its code folder pointed at this checkout (verify wants an ExecStart that
+    exists): no line systemd would ignore or refuse."""
+    unit = tmp_path / "partner.service"
+    unit.write_text((DEPLOY / "systemd" / "partner.service").read_text().replace("/opt/partner", str(ROOT)))
+    result = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=60)
+    assert (result.returncode, result.stderr) == (0, ""), result.stderr
