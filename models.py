@@ -17,12 +17,12 @@ from partner.operator.logs import QUERY_LOG_FILTER
 # caches held mostly stale pages: the worker's RSS grew by the connections' 2 MiB each for minutes
 # (bench/soak.py). 512 KiB still holds what a claim touches in a million-row history (256 KiB made
 # it 10 % slower: bench/state_scale.py); the operating system's page cache holds the rest.
-# synchronous=FULL: every commit is fsynced before it returns, so what the service acknowledged (a 202,
-# a 201 whose secret the partner stored, a revoked key) survives a power cut or an OS crash; NORMAL
-# in WAL mode survives only an application crash. Measured on a loaded machine (docs/data.md): a few
-# ms on an API write's p50, no difference the noise let through on the delivery drain rate.
+# synchronous=NORMAL here, FULL for the commits acknowledged to someone (database.write_transaction):
+# NORMAL in WAL mode survives an application crash but not a power cut or an OS crash; FULL fsyncs
+# the commit before it returns, so a 202, a 201 whose secret the partner stored or a revoked key
+# survives those too. The delivery engine's bookkeeping stays NORMAL: losing it only causes a re-send.
 SQLITE_PRAGMAS = {"journal_mode": "wal", "busy_timeout": 5000, "foreign_keys": 1,
-                  "synchronous": "full", "cache_size": -512}
+                  "synchronous": "normal", "cache_size": -512}
 # Connections are pooled: opening one (and, on SQLite, running the pragmas) per request or per
 # delivery attempt costs more than the query. `timeout`: seconds to wait for a free connection.
 POOLED_SCHEMES = {"sqlite", "postgres", "postgresql"}

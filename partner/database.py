@@ -38,10 +38,13 @@ def is_sqlite() -> bool:
 
 
 @contextmanager
-def write_transaction():
+def write_transaction(durable: bool = True):
     """A transaction that writes. On SQLite it takes the write lock up front (BEGIN IMMEDIATE):
     a deferred transaction that reads and then writes fails instead of waiting when another
-    writer got in between."""
+    writer got in between. `durable`: what it writes is acknowledged to someone (an API answer, an
+    operator's command), so on SQLite its commit is fsynced (synchronous=FULL) before it returns;
+    the delivery engine's own bookkeeping passes False (NORMAL: a power cut may lose it, which can
+    only cause a re-send)."""
     if not is_sqlite():
         with availability.watch_commit(), db.atomic():
             yield
@@ -51,12 +54,17 @@ def write_transaction():
     db.connection()
     if not _SQLITE_WRITER.acquire(timeout=WRITER_WAIT_SECONDS):
         raise availability.DatabaseBusy(f"another write held the database for over {WRITER_WAIT_SECONDS} s")
+    switch = durable and db.transaction_depth() == 0  # the setting belongs to the outermost transaction
     try:
+        if switch:
+            db.execute_sql("PRAGMA synchronous = FULL")
         with availability.watch_commit(), db.atomic("IMMEDIATE"):
             yield
     except OperationalError as error:
         raise _rolled_back_cause(error) from None
     finally:
+        if switch:
+            db.execute_sql("PRAGMA synchronous = NORMAL")
         _SQLITE_WRITER.release()
 
 

@@ -134,7 +134,7 @@ def claim_due(now_ms: int, limit: int, lease_ms: int, failing_limit: int | None 
     if limit <= 0:
         return []
     token = secrets.token_hex(11)  # 22 characters; a tenth of random_token's cost, once per scan
-    with write_transaction():
+    with write_transaction(durable=False):
         picked = pick_due(now_ms, limit, failing_limit)
         if not picked:
             return []
@@ -171,7 +171,7 @@ def record_attempt(claim: Claim, result: AttemptResult, attempted_at: int, finis
     """Record one attempt in one transaction, if the claim's lease is still ours: a success marks the
     delivery delivered and resets the subscription's failure streak; a failure is audited, counted,
     and decided by `policy` (next attempt, dead-letter, auto-disable)."""
-    with write_transaction():
+    with write_transaction(durable=False):
         if result.ok:
             if not _finish(claim, Delivery.DELIVERED, None):
                 return NOT_RECORDED
@@ -204,7 +204,7 @@ def release(claims: list[Claim], now_ms: int) -> int:
     """Give back claims that will not be attempted (the process is stopping): pending and due now,
     the attempt not counted, so another process (or this one restarted) takes them at once."""
     released = 0
-    with write_transaction():
+    with write_transaction(durable=False):
         for claim in claims:
             released += run_sql(_RELEASE, (Delivery.PENDING, now_ms, claim.lease_token, claim.event_id),
                                 ids=1).rowcount

@@ -80,7 +80,7 @@ def prune_batch(before_ms: int, limit: int) -> Pruned:
     """One batch in one write transaction: up to `limit` finished events and what hangs off them.
     On PostgreSQL the rows are locked as they are picked (a replay racing it waits or is skipped)."""
     lock = "" if is_sqlite() else " FOR UPDATE OF d SKIP LOCKED"
-    with write_transaction():
+    with write_transaction(durable=False):
         ids = [row[0] for row in run_sql(_FINISHED, (before_ms, limit), lock=lock).fetchall()]
         if not ids:
             return Pruned()
@@ -109,7 +109,7 @@ def _read(statement: str, params=()) -> list:
 
 def _write(statement: str, params) -> int:
     """One statement in its own write transaction; how many rows it changed."""
-    with write_transaction():
+    with write_transaction(durable=False):
         return run_sql(statement, params).rowcount
 
 
@@ -130,7 +130,7 @@ def run_purge() -> None:
 def claim_daily_run(now: int) -> bool:
     """Whether this process may run today's prune: the first to ask after the lease expires wins,
     and moves the lease a day on, atomically."""
-    with write_transaction():
+    with write_transaction(durable=False):
         Setting.insert(name=_LEASE, value="0").on_conflict_ignore().execute()
         return run_sql(_CLAIM, (str(now + DAY_MS), _LEASE, now)).rowcount == 1
 

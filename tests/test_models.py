@@ -90,8 +90,19 @@ def test_opening_a_sqlite_database_checks_the_version_before_anything_else(tmp_p
     assert not path.parent.exists()  # nothing created, nothing opened
 
 
-def test_every_sqlite_commit_is_durable_before_it_is_acknowledged(app):
-    """synchronous=FULL (2) on the pooled connections every write uses: a commit is fsynced."""
+def test_an_acknowledged_sqlite_commit_is_durable_and_the_engines_bookkeeping_is_not_fsynced(app):
+    """synchronous=FULL (2) for a write that is acknowledged (the default): its commit is fsynced;
+    NORMAL (1) for the delivery engine's own, and for everything once the durable one is done."""
     from partner.database import write_transaction
-    with app.app_context(), models.db.connection_context(), write_transaction():
-        assert models.db.execute_sql("PRAGMA synchronous").fetchone() == (2,)
+
+    def synchronous() -> int:
+        return models.db.execute_sql("PRAGMA synchronous").fetchone()[0]
+
+    with app.app_context(), models.db.connection_context():
+        with write_transaction():
+            assert synchronous() == 2
+            with write_transaction(durable=False):  # nested: the outer transaction decides
+                assert synchronous() == 2
+        with write_transaction(durable=False):
+            assert synchronous() == 1
+        assert synchronous() == 1
