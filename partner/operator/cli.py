@@ -20,6 +20,10 @@ from partner.timestamps import iso, now_ms, to_ms
 keys_cli = AppGroup("keys", help="Issue, list, revoke and rotate partner API keys.")
 
 
+def _now() -> int:
+    return now_ms(current_app.config["CLOCK"])
+
+
 def _announce(issued: IssuedKey) -> None:
     """Describe the key on stderr and print the full key alone on stdout's last line."""
     key = issued.key
@@ -37,7 +41,7 @@ def create_command(org: str, scopes: tuple[str, ...], rate_limit: int | None) ->
     """Create a key; identity:read is always granted."""
     with db.connection_context():
         try:
-            issued = create_key(org, list(scopes), now_ms(current_app.config["CLOCK"]), rate_limit)
+            issued = create_key(org, list(scopes), _now(), rate_limit)
         except ValidationError as error:
             raise click.ClickException(" ".join(e["message"] for e in error.errors)) from None
     _announce(issued)
@@ -61,7 +65,7 @@ def list_command(org: str | None) -> None:
 def revoke_command(key_id: str) -> None:
     """Revoke a key at once; every later request with it gets 401."""
     with db.connection_context():
-        key = revoke_key(key_id, now_ms(current_app.config["CLOCK"]))
+        key = revoke_key(key_id, _now())
     if key is None:
         raise click.ClickException(f"No key {key_id!r}.")
     click.echo(f"Key {key_id} revoked at {iso(key.revoked_at)}.")
@@ -72,7 +76,7 @@ def revoke_command(key_id: str) -> None:
 def rotate_command(key_id: str) -> None:
     """Create a key with the same organization, scopes and limit, and revoke the old one."""
     with db.connection_context():
-        issued = rotate_key(key_id, now_ms(current_app.config["CLOCK"]))
+        issued = rotate_key(key_id, _now())
     if issued is None:
         raise click.ClickException(f"No active key {key_id!r}.")
     click.echo(f"Key {key_id} revoked.", err=True)
@@ -99,10 +103,6 @@ class Rfc3339(click.ParamType):
             self.fail(f"{value!r} is not an RFC 3339 time with an offset, e.g. 2026-11-22T10:15:30Z",
                       param, ctx)
         return to_ms(moment.timestamp())
-
-
-def _now() -> int:
-    return now_ms(current_app.config["CLOCK"])
 
 
 def _table(header: tuple, rows) -> None:
