@@ -52,7 +52,7 @@ def readyz():
 
 @health.get("/metrics")
 def scrape():
-    body, content_type = _recent_scrape.get(_render_scrape) if metrics.SHARED else _render_scrape()
+    body, content_type = _recent_scrape.get(_render_scrape)
     return body, 200, {"Content-Type": content_type}
 
 
@@ -83,14 +83,15 @@ class Recent:
 
 
 def _backlog(now: int):
-    """The due backlog, read at most once a second under gunicorn (a probe or a scrape asks every
-    few seconds; a hammer of them must not open a connection each). Tests read it every time."""
-    read = lambda: read_backlog(now, READY_TIMEOUT_SECONDS)  # noqa: E731
-    return _recent_backlog.get(read) if metrics.SHARED else read()
+    """The due backlog (a probe or a scrape asks every few seconds; a hammer of them must not open
+    a connection each)."""
+    return _recent_backlog.get(lambda: read_backlog(now, READY_TIMEOUT_SECONDS))
 
 
-# Under gunicorn (metrics summed over workers), a scrape and the backlog are at most a second old.
-_recent_scrape, _recent_backlog = Recent(seconds=1.0), Recent(seconds=1.0)
+# Under gunicorn (metrics summed over workers), a scrape and the backlog are at most a second old;
+# in a single process (tests, `flask run`) every request reads them afresh.
+_FRESHNESS_SECONDS = 1.0 if metrics.SHARED else 0.0
+_recent_scrape, _recent_backlog = Recent(_FRESHNESS_SECONDS), Recent(_FRESHNESS_SECONDS)
 
 
 def _start_timer() -> None:
