@@ -18,7 +18,7 @@ import random
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 from apscheduler.schedulers.background import BackgroundScheduler
 
@@ -26,11 +26,13 @@ import signing
 from models import db
 from partner import retention
 from partner.availability import database_failed, database_outage, describe, is_unavailable
-from partner.database import probe_write
+from partner.database import probe_write, write_transaction
 from partner.operator import metrics
 from partner.outbound import ssrf, transport
 from partner.outbound.dns import Lookups
-from partner.outbox import Claim, Recorded, claim_due, record_attempt, release
+from partner.group_commit import GroupCommit
+from partner.claims import held_back
+from partner.outbox import Claim, Outcome, Recorded, claim_due, release, write_outcomes
 from partner.retry import MAX_JITTER, RetryPolicy
 from partner.timestamps import to_ms
 
@@ -43,6 +45,11 @@ LEASE_MARGIN_SECONDS = 30
 # A finished attempt refills slots once this many are free (or half of them, if fewer): one claim
 # transaction then starts several attempts, instead of one transaction per attempt under load.
 REFILL_BATCH = 8
+# A process with nothing in flight whose scan found due deliveries all waiting behind attempts of
+# other processes scans again after this long (seconds), not at the next poll: the other process
+# refills its slots the moment an attempt finishes, so a backlog queued before this one started
+# would stay with the first process to scan it (bench/scale_out). Such a scan only reads.
+HELD_BACK_RESCAN_SECONDS = 0.02
 # While the database fails, scans wait this long, doubling up to the maximum (seconds).
 SCAN_BACKOFF_SECONDS, MAX_SCAN_BACKOFF_SECONDS = 1, 60
 # An outcome that could not be written is written again after these pauses (seconds), while the
@@ -69,8 +76,11 @@ class Dispatcher:
         self.lease_ms = to_ms(self.timeout + LEASE_MARGIN_SECONDS)
         self.refill_at = max(1, min(REFILL_BATCH, self.concurrency // 2))
         self.random = random.Random()
+        # Outcomes of attempts finishing together share one transaction (engine bookkeeping: NORMAL).
+        self.outcomes = GroupCommit(lambda: write_transaction(durable=False),
+                                    lambda outcomes: write_outcomes(outcomes, self.policy))
         # The record step and its pauses between tries: seams, so a test can make it fail every time.
-        self.record, self.record_pauses = record_attempt, RECORD_RETRY_SECONDS
+        self.record, self.record_pauses = self.outcomes.run, RECORD_RETRY_SECONDS
         self._free_slots = self.concurrency
         # Of those, how many subscriptions whose last attempt failed may still take.
         self._free_failing_slots = max(1, self.concurrency // 2)
@@ -149,6 +159,8 @@ class Dispatcher:
                     probe_write()
                 claims = claim_due(self._now_ms(), reserved, self.lease_ms, failing,
                                    self.policy.auto_disable_threshold)
+                if reserved == self.concurrency:
+                    self._rescan_if_held_back(claims)
         except Exception as error:  # noqa: BLE001 - unavailability backs off, the rest re-raised
             if not is_unavailable(error):
                 raise
@@ -158,6 +170,13 @@ class Dispatcher:
         finally:
             self._release_slots(reserved - len(claims), failing - sum(c.failing for c in claims))
         return self._start(claims)
+
+    def _rescan_if_held_back(self, claims: list[Claim]) -> None:
+        """Nothing was in flight here: if the claim found nothing while due deliveries wait behind
+        other processes' attempts, scan again soon (HELD_BACK_RESCAN_SECONDS)."""
+        scheduler = self._scheduler
+        if scheduler and not claims and held_back(self._now_ms()):
+            scheduler.modify_job(SCAN_JOB, next_run_time=_utcnow() + timedelta(seconds=HELD_BACK_RESCAN_SECONDS))
 
     def _back_off(self, error: Exception) -> None:
         """The database cannot answer or write (down, disk full, locked): scan less often, log once."""
@@ -226,23 +245,21 @@ class Dispatcher:
         """Make one attempt of a claimed delivery: send, record, log."""
         attempted_at = self._now_ms()
         result = self._send(claim)
-        finished_at = self._now_ms()
-        jitter = self.random.uniform(0, MAX_JITTER)
-        recorded = self._record(claim, result, attempted_at, finished_at, jitter)
-        _log_attempt(claim, result, recorded, finished_at)
+        outcome = Outcome(claim, result, attempted_at, self._now_ms(), self.random.uniform(0, MAX_JITTER))
+        recorded = self._record(outcome)
+        _log_attempt(outcome, recorded)
         return recorded
 
-    def _record(self, claim: Claim, result: transport.AttemptResult, attempted_at: int,
-                finished_at: int, jitter: float) -> Recorded:
+    def _record(self, outcome: Outcome) -> Recorded:
         """Write the outcome; when that fails, write it again with backoff while the lease lasts
         (an outage, a full disk), without its response excerpt if the text itself was refused,
         rather than letting the lease expire and the attempt be made again."""
+        claim = outcome.claim
         deadline = claim.claimed_at + self.lease_ms / 1000 - LEASE_MARGIN_SECONDS / 2
         pauses = iter(self.record_pauses)
         while True:
             try:
-                with db.connection_context():
-                    return self.record(claim, result, attempted_at, finished_at, self.policy, jitter)
+                return self.record(outcome)
             except Exception as error:  # noqa: BLE001 - logged, then retried or re-raised
                 pause = next(pauses, None)
                 if pause is None or time.monotonic() + pause > deadline:
@@ -250,7 +267,8 @@ class Dispatcher:
                 log.error("delivery event=%s attempt=%d: outcome not recorded (%s), again in %s s",
                           claim.event_id, claim.attempt, describe(error), pause)
                 if not is_unavailable(error):
-                    result = dataclasses.replace(result, response_excerpt="")
+                    outcome = dataclasses.replace(
+                        outcome, result=dataclasses.replace(outcome.result, response_excerpt=""))
                 if self._stopping.wait(pause) and is_unavailable(error):
                     raise
 
@@ -278,10 +296,10 @@ class Dispatcher:
         return to_ms(self.clock())
 
 
-def _log_attempt(claim: Claim, result: transport.AttemptResult, recorded: Recorded,
-                 finished_at: int) -> None:
+def _log_attempt(outcome: Outcome, recorded: Recorded) -> None:
     """One line per attempt, and its metrics. The fields appear twice: in the text line, and as
     JSON keys under PARTNER_LOG_FORMAT=json."""
+    claim, result, finished_at = outcome.claim, outcome.result, outcome.finished_at
     outcome = result.error or "delivered"
     metrics.count_attempt(claim.kind, outcome, result.duration_ms / 1000)
     if recorded.dead_lettered:

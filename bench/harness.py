@@ -19,7 +19,7 @@ import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -372,6 +372,34 @@ def ping_many(service: Service, key: str, subscriptions: list[dict], count: int,
         for future in [pool.submit(worker, offset) for offset in range(threads)]:
             future.result()
     return time.monotonic() - started
+
+
+def copy_of(database: Path, name: str) -> Path:
+    """A copy of a SQLite database file beside it, for one run to drain."""
+    copy = database.with_name(f"{name.replace(' ', '-').replace(',', '')}.sqlite3")
+    shutil.copy(database, copy)
+    return copy
+
+
+def drain_backlog(tmp: Path, receiver: "Receiver", events: int, name: str, env: dict, app: str = "wsgi:app",
+                  services: int = 1, database: Path | None = None, timeout: float = 300) -> tuple[float, float]:
+    """Start `services` services on a database of `events` due pings to `receiver` (the SQLite file
+    `database`, or the PARTNER_DATABASE_URL in `env`) and time the drain at the receiver:
+    deliveries/s ((deliveries - 1) / (last arrival - first arrival)), and the workers' CPU
+    milliseconds per delivery, read from /proc before they stop."""
+    receiver.reset()
+    stem = name.replace(" ", "-").replace(",", "")
+    with ExitStack() as running:
+        started = [running.enter_context(Service(tmp, env, app=app, name=f"{stem}-{n}", database=database))
+                   for n in range(services)]
+        workers = [pid for service in started for pid in child_pids(service.process.pid)]
+        cpu_before = sum(cpu_seconds(pid) for pid in workers)
+        if not receiver.wait_for_count(events, timeout):
+            raise RuntimeError(f"{name}: {receiver.count} of {events} delivered in {timeout} s")
+        time.sleep(0.2)  # the last outcomes are recorded
+        cpu = sum(cpu_seconds(pid) for pid in workers) - cpu_before
+    arrivals = [at for _, at in receiver.arrivals.values()]
+    return (len(arrivals) - 1) / (max(arrivals) - min(arrivals)), cpu * 1000 / events
 
 
 # --- figures and the report -----------------------------------------------------------------------

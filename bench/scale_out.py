@@ -5,14 +5,21 @@ One backlog of 3,000 test pings over 30 subscriptions to a fast receiver, queued
 scanner off and copied for each run. Each run starts one gunicorn on its copy and times the drain
 at the receiver ((deliveries - 1) / (last arrival - first arrival)); the workers' CPU is read
 from /proc before they stop. On SQLite (one writer): 1 worker, 2 workers, and 1 worker with
-PARTNER_DELIVERY_CONCURRENCY=8.
+PARTNER_DELIVERY_CONCURRENCY=8. On PostgreSQL (a throwaway server, as the tests start one; skipped
+when it is not installed): 1 service and 2 services of one worker each, each draining a backlog
+queued anew, with the rows written per delivery from the server's statistics, read once the
+services have stopped (a backend reports its counts when it exits).
 """
 
-import shutil
-import time
+import sys
 
-from harness import (Partner, Receiver, Service, at_least, child_pids, cpu_seconds, info, pick, ping_many,
-                     report, workdir)
+import psycopg2
+
+from harness import (REPO, Partner, Receiver, Service, at_least, at_most, copy_of, drain_backlog, info, pick,
+                     ping_many, report, workdir)
+
+sys.path.insert(0, str(REPO))  # the tests' throwaway PostgreSQL server
+from tests.servers import DATABASE, postgres_bin_dir, start_postgres  # noqa: E402
 
 EVENTS = pick(3000, 300)
 SUBSCRIPTIONS = 30
@@ -21,8 +28,10 @@ RUNS = {"1 worker": {}, "2 workers": {"GUNICORN_CMD_ARGS": "--workers 2"},
         "1 worker, 8 slots": {"PARTNER_DELIVERY_CONCURRENCY": "8"}}
 
 
-def queue_backlog(tmp, receiver: Receiver):
-    quiet = Service(tmp, {"PARTNER_SCHEDULER_ENABLED": "false"}, name="enqueue")
+def queue_backlog(tmp, receiver: Receiver, env: dict | None = None):
+    """EVENTS due pings over SUBSCRIPTIONS subscriptions, queued through the API with the scanner off;
+    the SQLite file (unless `env` names another database)."""
+    quiet = Service(tmp, {"PARTNER_SCHEDULER_ENABLED": "false", **(env or {})}, name="enqueue")
     key = quiet.create_key()
     with quiet:
         partner = Partner(quiet, key)
@@ -32,31 +41,56 @@ def queue_backlog(tmp, receiver: Receiver):
     return quiet.database
 
 
-def drain(tmp, receiver: Receiver, backlog, name: str, env: dict) -> tuple[float, float]:
-    """Deliveries per second, and worker CPU milliseconds per delivery."""
-    database = tmp / f"{name.replace(' ', '-').replace(',', '')}.sqlite3"
-    shutil.copy(backlog, database)
-    receiver.reset()
-    with Service(tmp, env, name=name.replace(" ", "-"), database=database) as service:
-        workers = child_pids(service.process.pid)
-        cpu_before = sum(cpu_seconds(pid) for pid in workers)
-        if not receiver.wait_for_count(EVENTS, DRAIN_TIMEOUT):
-            raise RuntimeError(f"{name}: {receiver.count} of {EVENTS} delivered in {DRAIN_TIMEOUT} s")
-        time.sleep(0.2)  # the last outcomes are recorded
-        cpu = sum(cpu_seconds(pid) for pid in workers) - cpu_before
-    arrivals = [at for _, at in receiver.arrivals.values()]
-    return (len(arrivals) - 1) / (max(arrivals) - min(arrivals)), cpu * 1000 / EVENTS
+def rows_written(server, schema: str) -> int:
+    connection = psycopg2.connect(host="127.0.0.1", port=server.port, user="postgres", dbname=DATABASE)
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT COALESCE(SUM(n_tup_ins + n_tup_upd + n_tup_del), 0) FROM pg_stat_user_tables "
+                           "WHERE schemaname = %s", (schema,))
+            return int(cursor.fetchone()[0])
+    finally:
+        connection.close()
+
+
+def postgres_runs(tmp, receiver: Receiver) -> dict[str, tuple[float, float, float]]:
+    """Drain, worker CPU per delivery and rows written per delivery of 1 and 2 services."""
+    bin_dir = postgres_bin_dir()
+    if bin_dir is None:
+        return {}
+    server = start_postgres(bin_dir)
+    try:
+        results = {}
+        for services in (1, 2):
+            schema = server.create_schema()
+            env = {"PARTNER_DATABASE_URL": server.url(schema)}
+            queue_backlog(tmp, receiver, env)
+            before = rows_written(server, schema)
+            name = f"PostgreSQL, {services} service{'s' if services > 1 else ''}"
+            rate, cpu = drain_backlog(tmp, receiver, EVENTS, name, env, services=services, timeout=DRAIN_TIMEOUT)
+            results[name] = (rate, cpu, (rows_written(server, schema) - before) / EVENTS)
+        return results
+    finally:
+        server.stop()
 
 
 def main() -> dict:
     with workdir("scale-out") as tmp, Receiver() as receiver:
         backlog = queue_backlog(tmp, receiver)
-        results = {name: drain(tmp, receiver, backlog, name, env) for name, env in RUNS.items()}
+        results = {name: drain_backlog(tmp, receiver, EVENTS, name, env, database=copy_of(backlog, name),
+                                       timeout=DRAIN_TIMEOUT)
+                   for name, env in RUNS.items()}
+        postgres = postgres_runs(tmp, receiver)
     one, two, eight = (results[name][0] for name in RUNS)
-    figures = [info(f"{name}: drain", rate, "deliveries/s") for name, (rate, _) in results.items()]
-    figures += [info(f"{name}: worker CPU per delivery", cpu, "ms") for name, (_, cpu) in results.items()]
+    figures = [info(f"{name}: drain", rate, "deliveries/s") for name, (rate, *_) in {**results, **postgres}.items()]
+    figures += [info(f"{name}: worker CPU per delivery", cpu, "ms")
+                for name, (_, cpu, *_) in {**results, **postgres}.items()]
     figures += [at_least("SQLite 2 workers ÷ 1 worker", two / one, "×", 1.5),
                 at_least("default concurrency ÷ 8 slots (1 worker)", one / eight, "×", 1.0)]
+    if postgres:
+        (one_pg, _, rows_one), (two_pg, _, rows_two) = postgres.values()
+        figures += [info(f"{name}: rows written per delivery", rows, "rows") for name, (_, _, rows) in postgres.items()]
+        figures += [at_least("PostgreSQL 2 services ÷ 1 service", two_pg / one_pg, "×", 1.0),
+                    at_most("PostgreSQL rows written per delivery, 2 services ÷ 1", rows_two / rows_one, "×", 1.0)]
     return report("scale_out", figures, {"events": EVENTS, "subscriptions": SUBSCRIPTIONS})
 
 

@@ -61,6 +61,7 @@ SELECT event_id FROM ranked WHERE NOT failing OR nth <= {p}
 ORDER BY turn, due_at, seq, event_id LIMIT {p}
 """
 _CONDITIONS = {"open": OPEN_CONDITION, "in_flight": IN_FLIGHT_CONDITION}
+_ANY_DUE = "SELECT 1 AS due FROM delivery WHERE {open} AND due_at <= {p} LIMIT 1"
 
 
 def pick_due(now_ms: int, limit: int, failing_limit: int | None) -> list[str]:
@@ -68,3 +69,9 @@ def pick_due(now_ms: int, limit: int, failing_limit: int | None) -> list[str]:
     failing = limit if failing_limit is None else failing_limit
     rows = select_rows(_PICK, (now_ms, now_ms, now_ms, failing, limit), **_CONDITIONS)
     return [row["event_id"] for row in rows]
+
+
+def held_back(now_ms: int) -> bool:
+    """Whether any delivery is due: after a claim that took nothing, one waits behind an attempt in
+    flight (one at a time per subscription), or is not to be taken (its subscription deleted)."""
+    return bool(select_rows(_ANY_DUE, (now_ms,), **_CONDITIONS))

@@ -9,13 +9,13 @@ from contextlib import contextmanager
 from peewee import OperationalError, SqliteDatabase, Tuple
 
 from models import db
-from partner import availability
+from partner import availability, writers
 
 _ALPHANUMERIC = string.ascii_letters + string.digits
 
 # SQLite allows one writer. Writers of this process queue on this lock instead of in SQLite's busy
-# handler, which sleeps in steps of 1 to 100 ms and starves a busy process; other processes still
-# wait in the busy handler. Re-entrant, so write transactions nest.
+# handler, which sleeps in steps of 1 to 100 ms and starves a busy process; the writers of other
+# processes then take turns on a lock file (writers.py). Re-entrant, so write transactions nest.
 _SQLITE_WRITER = threading.RLock()
 # How long a writer waits for that lock before giving up (503). Unbounded, writers queued behind a
 # database locked from outside held every request thread, and a GET waited ~15 s for a free thread
@@ -56,10 +56,11 @@ def write_transaction(durable: bool = True):
         raise availability.DatabaseBusy(f"another write held the database for over {WRITER_WAIT_SECONDS} s")
     switch = durable and db.transaction_depth() == 0  # the setting belongs to the outermost transaction
     try:
-        if switch:
-            db.execute_sql("PRAGMA synchronous = FULL")
-        with availability.watch_commit(), db.atomic("IMMEDIATE"):
-            yield
+        with writers.turn(db.database):  # other processes' writers, in turn
+            if switch:
+                db.execute_sql("PRAGMA synchronous = FULL")
+            with availability.watch_commit(), db.atomic("IMMEDIATE"):
+                yield
     except OperationalError as error:
         raise _rolled_back_cause(error) from None
     finally:
@@ -83,6 +84,12 @@ def run_sql(template: str, params, ids: int = 0, **parts: str):
     {ids} a list of `ids` of them, any other {name} a fixed SQL part from `parts`."""
     p = db.param
     return db.execute_sql(template.format(p=p, ids=", ".join([p] * ids), **parts), tuple(params))
+
+
+def value_rows(count: int, width: int) -> str:
+    """`count` rows of `width` placeholders, for a `VALUES` list or a row-value `IN (VALUES ...)`."""
+    row = "(" + ", ".join([db.param] * width) + ")"
+    return ", ".join([row] * count)
 
 
 def select_rows(template: str, params, ids: int = 0, **parts: str) -> list[dict]:

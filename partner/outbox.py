@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from models import IN_FLIGHT_CONDITION, IS_OPEN, OPEN_CONDITION, Delivery, Event, Failure, Subscription
 from partner.claims import pick_due
 from partner.config import DEFAULTS
-from partner.database import is_sqlite, keyset_page, new_id, run_sql, select_rows, write_transaction
+from partner.database import (is_sqlite, keyset_page, new_id, run_sql, select_rows, value_rows,
+                               write_transaction)
 from partner.errors import ApiError
 from partner.outbound.transport import AttemptResult
 from partner.retry import RetryPolicy
@@ -47,8 +48,12 @@ _RELEASE = ('UPDATE delivery SET state = {p}, due_at = {p}, lease_token = NULL '
             'WHERE lease_token = {p} AND event_id IN ({ids})')
 _FINISH = ('UPDATE delivery SET state = {p}, attempts = {p}, due_at = {p}, lease_token = NULL '
            'WHERE event_id = {p} AND lease_token = {p}')
-_RESET_STREAK = ('UPDATE subscription SET consecutive_failures = 0 '
-                 'WHERE id = {p} AND consecutive_failures <> 0')
+# The attempt number is the one the claim read plus one, as _claim_of counts it: the lease kept it.
+_FINISH_DELIVERED = ('UPDATE delivery SET state = {p}, attempts = attempts + 1, due_at = NULL, '
+                     'lease_token = NULL WHERE (event_id, lease_token) IN (VALUES {pairs}) '
+                     'RETURNING event_id, subscription_id')
+_RESET_STREAKS = ('UPDATE subscription SET consecutive_failures = 0 '
+                  'WHERE id IN ({ids}) AND consecutive_failures <> 0')
 _COUNT_FAILURE = ('UPDATE subscription SET consecutive_failures = consecutive_failures + 1 '
                   'WHERE id = {p} RETURNING consecutive_failures, active')
 _CONDITIONS = {"open": OPEN_CONDITION, "in_flight": IN_FLIGHT_CONDITION}
@@ -130,30 +135,38 @@ def claim_due(now_ms: int, limit: int, lease_ms: int, failing_limit: int | None 
     slots shared among organizations, at most `failing_limit` (None: any number) to subscriptions
     whose last attempt failed. Atomic: a due delivery is claimed by exactly one caller, in any
     process. Rows not taken are not written. A delivery whose outcome went unrecorded
-    MAX_UNRECORDED times is dead-lettered here instead (`not_recorded`), a failure like any other."""
+    MAX_UNRECORDED times is dead-lettered here instead (`not_recorded`), a failure like any other.
+
+    Only the taking writes: the choice is read before, and what the attempts need after, so the
+    writer (SQLite's one) is held for one UPDATE. The taking re-checks that each chosen delivery is
+    still open and due, which is all another process could have changed in between."""
     if limit <= 0:
         return []
+    picked = pick_due(now_ms, limit, failing_limit)
+    if not picked:
+        return []
     token = secrets.token_hex(11)  # 22 characters; a tenth of random_token's cost, once per scan
+    lock = "" if is_sqlite() else " FOR UPDATE SKIP LOCKED"
     with write_transaction(durable=False):
-        picked = pick_due(now_ms, limit, failing_limit)
-        if not picked:
-            return []
-        lock = "" if is_sqlite() else " FOR UPDATE SKIP LOCKED"
         taken = {row["event_id"]: row for row in select_rows(
             _TAKE, (Delivery.IN_FLIGHT, now_ms + lease_ms, token, *picked, now_ms), ids=len(picked),
             lock=lock, **_CONDITIONS)}
-        if not taken:
-            return []
-        rows = {row["event_id"]: row for row in select_rows(_CLAIMED, taken, ids=len(taken))}
-        kept = [_claim_of(rows[event_id], taken[event_id], token) for event_id in picked if event_id in taken]
-        disabled = [claim for claim in kept if not rows[claim.event_id]["active"]]
-        for claim in disabled:  # queued while it was being disabled: dead-lettered, as disabling does
-            run_sql(_RELEASE, (Delivery.DEAD, None, token, claim.event_id), ids=1)
-            _dead_letter_open(claim.subscription_id)
-        lost = [claim for claim in kept if taken[claim.event_id]["unrecorded"] >= MAX_UNRECORDED
-                and claim not in disabled]
-        for claim in lost:
-            _record_failure(claim, NEVER_RECORDED, now_ms, now_ms, RetryPolicy([], auto_disable_threshold), 0.0)
+    if not taken:
+        return []
+    rows = {row["event_id"]: row for row in select_rows(_CLAIMED, taken, ids=len(taken))}
+    kept = [_claim_of(rows[event_id], taken[event_id], token) for event_id in picked if event_id in rows]
+    disabled = [claim for claim in kept if not rows[claim.event_id]["active"]]
+    lost = [claim for claim in kept if taken[claim.event_id]["unrecorded"] >= MAX_UNRECORDED
+            and claim not in disabled]
+    if disabled or lost:
+        with write_transaction(durable=False):
+            for claim in disabled:  # queued while it was being disabled: dead-lettered, as disabling does
+                run_sql(_RELEASE, (Delivery.DEAD, None, token, claim.event_id), ids=1)
+                _dead_letter_open(claim.subscription_id)
+            for claim in lost:
+                if _holds_lease(claim):
+                    _record_failure(claim, NEVER_RECORDED, now_ms, now_ms,
+                                    RetryPolicy([], auto_disable_threshold), 0.0)
     return [claim for claim in kept if claim not in disabled and claim not in lost]
 
 
@@ -166,20 +179,51 @@ def _claim_of(row: dict, taken: dict, token: str) -> Claim:
                  row["consecutive_failures"] > 0)
 
 
+@dataclass(frozen=True)
+class Outcome:
+    """What an attempt of a claimed delivery came to, to be recorded."""
+    claim: Claim
+    result: AttemptResult
+    attempted_at: int
+    finished_at: int
+    jitter: float = 0.0  # seconds added to the retry delay (RetryPolicy)
+
+
 def record_attempt(claim: Claim, result: AttemptResult, attempted_at: int, finished_at: int,
                    policy: RetryPolicy, jitter: float) -> Recorded:
-    """Record one attempt in one transaction, if the claim's lease is still ours: a success marks the
-    delivery delivered and resets the subscription's failure streak; a failure is audited, counted,
-    and decided by `policy` (next attempt, dead-letter, auto-disable)."""
+    """Record one attempt in a transaction of its own (write_outcomes)."""
     with write_transaction(durable=False):
-        if result.ok:
-            if not _finish(claim, Delivery.DELIVERED, None):
-                return NOT_RECORDED
-            run_sql(_RESET_STREAK, (claim.subscription_id,))
-            return Recorded(True)
-        if not _holds_lease(claim):
-            return NOT_RECORDED
-        return _record_failure(claim, result, attempted_at, finished_at, policy, jitter)
+        [recorded] = write_outcomes([Outcome(claim, result, attempted_at, finished_at, jitter)], policy)
+    return recorded
+
+
+def write_outcomes(outcomes: list[Outcome], policy: RetryPolicy) -> list[Recorded]:
+    """Record attempts whose claim's lease is still ours: a success marks the delivery delivered and
+    resets the subscription's failure streak; a failure is audited, counted, and decided by `policy`
+    (next attempt, dead-letter, auto-disable). Call inside a write transaction: the dispatcher
+    writes the outcomes of attempts finishing together in one (group_commit), the successes of
+    them in two statements, so that the writer is held for less."""
+    delivered = _finish_delivered([outcome.claim for outcome in outcomes if outcome.result.ok])
+    return [(Recorded(True) if outcome.claim.event_id in delivered else NOT_RECORDED) if outcome.result.ok
+            else _write_failure(outcome, policy) for outcome in outcomes]
+
+
+def _finish_delivered(claims: list[Claim]) -> set[str]:
+    """Mark delivered each claimed delivery whose lease is still ours; their event ids."""
+    if not claims:
+        return set()
+    pairs = [value for claim in claims for value in (claim.event_id, claim.lease_token)]
+    finished = select_rows(_FINISH_DELIVERED, (Delivery.DELIVERED, *pairs), pairs=value_rows(len(claims), 2))
+    if finished:
+        run_sql(_RESET_STREAKS, {row["subscription_id"] for row in finished}, ids=len(finished))
+    return {row["event_id"] for row in finished}
+
+
+def _write_failure(outcome: Outcome, policy: RetryPolicy) -> Recorded:
+    if not _holds_lease(outcome.claim):
+        return NOT_RECORDED
+    return _record_failure(outcome.claim, outcome.result, outcome.attempted_at, outcome.finished_at,
+                           policy, outcome.jitter)
 
 
 def _record_failure(claim: Claim, result: AttemptResult, attempted_at: int, finished_at: int,

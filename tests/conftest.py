@@ -103,6 +103,12 @@ def database(app):
 
 
 @pytest.fixture
+def organization(database, clock):
+    """organization("a") creates an organization with its key; returns its id."""
+    return lambda slug: create_key(slug, ["webhooks:manage"], int(clock() * 1000)).key.organization.id
+
+
+@pytest.fixture
 def client(app):
     return app.test_client()
 

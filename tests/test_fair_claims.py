@@ -2,12 +2,14 @@
 that it does not keep, slots shared among organizations, and attempts that never record counted.
 The claim is stepped by hand on the real database; one test sends a real backlog to a receiver."""
 
+import os
+import subprocess
+import sys
 import time
 
 import pytest
 
 from models import Delivery, Failure, Subscription
-from partner.keys import create_key
 from partner.outbox import MAX_UNRECORDED, claim_due, enqueue_test_ping, record_attempt, release
 from partner.outbound.transport import AttemptResult
 from partner.retry import RetryPolicy
@@ -19,12 +21,6 @@ LEASE = 40_000
 URL = "http://93.184.215.14/hook"  # never contacted by the stepped tests
 POLICY = RetryPolicy([60, 300], 20)
 CLOCK_START = NOW / 1000
-
-
-@pytest.fixture
-def organization(database):
-    """organization("a") creates an organization with its key; returns its id."""
-    return lambda slug: create_key(slug, ["webhooks:manage"], NOW).key.organization.id
 
 
 def subscriptions(org_id: str, count: int, url: str = URL) -> list[Subscription]:
@@ -217,3 +213,44 @@ def test_a_ping_queued_while_every_slot_is_busy_takes_the_first_slot_that_frees(
         assert fast.received[0].arrived_at - queued_at < 1.5
     finally:
         dispatcher.stop()
+
+
+# --- a backlog held by another process -------------------------------------------------------
+
+CLAIM_IN_ANOTHER_PROCESS = """
+import sys
+from app import create_app
+from models import db
+from partner.outbox import claim_due
+now_ms, limit, lease_ms = map(int, sys.argv[1:])
+with create_app({"SCHEDULER_ENABLED": False}).app_context(), db.connection_context():
+    print(len(claim_due(now_ms, limit, lease_ms)))
+"""
+
+
+def claim_in_another_process(database_url: str, now_ms: int, limit: int) -> int:
+    """Claim in a process of its own that then exits without recording: how many it claimed."""
+    result = subprocess.run([sys.executable, "-c", CLAIM_IN_ANOTHER_PROCESS, str(now_ms), str(limit), str(LEASE)],
+                            env={**os.environ, "PARTNER_DATABASE_URL": database_url}, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return int(result.stdout.split()[-1])
+
+
+@pytest.mark.config(SCHEDULER_ENABLED=True, WEBHOOK_ALLOWED_NETWORKS=["127.0.0.0/8"], DELIVERY_POLL_INTERVAL=60)
+def test_an_idle_process_takes_up_a_backlog_another_holds_soon_not_at_the_next_poll(app, clock, database_url,
+                                                                                    organization, receiver):
+    [subscription] = subscriptions(organization("acme"), 1, receiver.url)
+    queued = [enqueue_ping(subscription, NOW) for _ in range(2)]
+    assert claim_in_another_process(database_url, NOW, 1) == 1  # the first, under its lease
+    dispatcher = app.extensions["delivery"]
+    dispatcher.start()
+    try:
+        time.sleep(0.3)  # its first scans find the backlog waiting behind the other process's attempt
+        assert receiver.received == []
+        clock.advance(LEASE / 1000)  # that attempt's lease ends: its outcome was never recorded
+        assert receiver.wait_for(2, seconds=10)
+    finally:
+        dispatcher.stop()
+    # The attempt cut short is due again when its lease ended, after the ping queued behind it.
+    assert [r.headers["X-VC-Event-Id"] for r in receiver.received] == queued[::-1]

@@ -1,0 +1,67 @@
+"""data_costs: what two promises about data cost. Acknowledged means durable: the commits behind a
+2xx are fsynced (synchronous=FULL) where release 1.1 made every commit NORMAL. Secrets sealed at
+rest: every claim opens its subscription's webhook secret (AES-GCM).
+
+Each is measured against the same service with that cost taken out (bench/variant_app.py), side by
+side in one run. API writes: 2,000 test pings (each a commit acknowledged with a 202) from 4 client
+threads; the latency of each request. Drains: one backlog of 3,000 pings over 30 subscriptions (as
+bench/scale_out), drained by each variant from a copy.
+"""
+
+import time
+
+from harness import (REPO, Partner, Receiver, Service, at_least, copy_of, drain_backlog, info, percentile, pick,
+                     report, run_threads, workdir)
+from scale_out import EVENTS, SUBSCRIPTIONS, queue_backlog
+
+WRITES = pick(2000, 200)
+CLIENTS = 4
+SERVICE = ("wsgi:app", {})
+# PYTHONPATH: bench/ lives in this repo, whatever tree BENCH_SERVICE_ROOT points at.
+VARIANTS = {name: ("bench.variant_app:app", {"BENCH_VARIANT": variant, "PYTHONPATH": str(REPO)})
+            for name, variant in (("NORMAL commits", "normal_commits"), ("unsealed secrets", "unsealed_secrets"))}
+
+
+def api_write_latencies(tmp, receiver: Receiver, name: str, app: str, env: dict) -> list[float]:
+    """Milliseconds of each POST .../test, with the scanner off (nothing but the API writes)."""
+    service = Service(tmp, {"PARTNER_SCHEDULER_ENABLED": "false", **env}, app=app, name=name.replace(" ", "-"),
+                      database=tmp / f"writes-{name.replace(' ', '-')}.sqlite3")
+    key = service.create_key()
+    latencies: list[float] = []
+    with service:
+        partners = [Partner(service, key) for _ in range(CLIENTS)]
+        subscription = partners[0].subscribe(receiver.url("/ok/writes"))
+
+        def client(n: int) -> None:
+            partner = partners[n]
+            for _ in range(WRITES // CLIENTS):
+                started = time.perf_counter()
+                partner.ping(subscription)
+                latencies.append((time.perf_counter() - started) * 1000)
+            partner.close()
+        run_threads(client, CLIENTS)
+    return latencies
+
+
+def main() -> dict:
+    with workdir("data-costs") as tmp, Receiver() as receiver:
+        writes = {name: api_write_latencies(tmp, receiver, name, *variant)
+                  for name, variant in {"service": SERVICE, "NORMAL commits": VARIANTS["NORMAL commits"]}.items()}
+        backlog = queue_backlog(tmp, receiver)
+        drains = {name: drain_backlog(tmp, receiver, EVENTS, name, env, app=app, database=copy_of(backlog, name))
+                  for name, (app, env) in {"service": SERVICE, **VARIANTS}.items()}
+    figures = []
+    for name, latencies in writes.items():
+        figures += [info(f"API write p50, {name}", percentile(latencies, 50), "ms"),
+                    info(f"API write p99, {name}", percentile(latencies, 99), "ms")]
+    figures += [info(f"drain, {name}", rate, "deliveries/s") for name, (rate, _) in drains.items()]
+    figures += [info(f"worker CPU per delivery, {name}", cpu, "ms") for name, (_, cpu) in drains.items()]
+    rate = {name: rate for name, (rate, _) in drains.items()}
+    figures += [info("drain, FULL acknowledged ÷ NORMAL everywhere", rate["service"] / rate["NORMAL commits"], "×"),
+                at_least("drain, encryption on ÷ off", rate["service"] / rate["unsealed secrets"], "×", 0.95)]
+    return report("data_costs", figures, {"writes": WRITES, "clients": CLIENTS, "events": EVENTS,
+                                          "subscriptions": SUBSCRIPTIONS})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,47 @@
+"""Writers of several processes on one SQLite file take turns on a lock file beside it.
+
+SQLite has one writer. A process that finds it taken sleeps in SQLite's busy handler for 1 to
+100 ms between tries, while the process holding it takes it again and again: with two workers,
+their delivery threads spent about half of their writing time asleep there (bench/scale_out,
+py-spy). Blocked on a POSIX lock instead, a process is woken the moment the turn before its own
+ends. Start-up takes a turn too, so that one process at a time opens a new file (switching it to
+WAL) and applies migrations while the others wait.
+
+POSIX locks belong to a process: a forked worker never shares its parent's, and the threads of one
+process must take turns among themselves first (database.write_transaction does). Anything else
+writing to the file (the sqlite3 shell) still meets the busy handler.
+"""
+
+import fcntl
+import os
+import threading
+from contextlib import contextmanager
+
+_depth = threading.local()  # how many turns this thread is inside (they nest)
+_descriptors: dict[tuple[int, str], int] = {}  # (pid, database file) -> its lock file, open
+
+
+@contextmanager
+def turn(path: str | None):
+    """Hold this process's turn to write to the SQLite file at `path` (nothing to take for an
+    in-memory database). Re-entrant: only the outermost turn of a thread takes and gives back."""
+    depth = getattr(_depth, "value", 0)
+    descriptor = _descriptor(path) if depth == 0 else None
+    if descriptor is not None:
+        fcntl.lockf(descriptor, fcntl.LOCK_EX, 1)
+    _depth.value = depth + 1
+    try:
+        yield
+    finally:
+        _depth.value = depth
+        if descriptor is not None:
+            fcntl.lockf(descriptor, fcntl.LOCK_UN, 1)
+
+
+def _descriptor(path: str | None) -> int | None:
+    if not path or path == ":memory:" or path.startswith("file:"):
+        return None
+    key = (os.getpid(), os.path.abspath(path))
+    if key not in _descriptors:
+        _descriptors[key] = os.open(key[1] + ".writer", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    return _descriptors[key]

@@ -1,0 +1,85 @@
+"""Writers of several processes take turns on a lock file beside the SQLite database (writers.py):
+a write waits for another process's turn and is woken when it ends, a nested write transaction
+keeps the turn until the outermost ends, and start-up waits its turn to open and migrate."""
+
+import subprocess
+import sys
+import time
+
+from models import db, open_database
+from partner.database import run_sql, select_rows, write_transaction
+from tests.test_group_commit import SAVE
+
+HOLD_THE_WRITER_LOCK = """
+import fcntl, os, sys, time
+descriptor = os.open(sys.argv[1] + ".writer", os.O_RDWR | os.O_CREAT, 0o600)
+fcntl.lockf(descriptor, fcntl.LOCK_EX, 1)
+print("held", flush=True)
+time.sleep(float(sys.argv[2]))
+"""
+
+
+def hold_the_writer_lock(path: str, seconds: float) -> subprocess.Popen:
+    """Another process holding its turn to write to `path` for `seconds`; returns once it holds it."""
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_THE_WRITER_LOCK, path, str(seconds)],
+                              stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    return holder
+
+
+def test_a_writer_waits_its_turn_behind_another_process_holding_the_writer_lock(database):
+    """Another process's turn to write (the lock file) holds this one's write until it ends: the
+    process is woken when the lock is released, not on SQLite's busy handler's next try."""
+    holder = hold_the_writer_lock(db.database, 0.6)
+    started = time.monotonic()
+    try:
+        with write_transaction():
+            run_sql(SAVE, ("after the other process",))
+        waited = time.monotonic() - started
+    finally:
+        holder.wait(timeout=10)
+    assert waited >= 0.4
+    assert select_rows("SELECT value FROM setting WHERE name = 'after the other process'", ()) == [
+        {"value": "saved"}]
+
+
+TRY_THE_WRITER_LOCK = """
+import fcntl, os, sys
+descriptor = os.open(sys.argv[1] + ".writer", os.O_RDWR | os.O_CREAT, 0o600)
+try:
+    fcntl.lockf(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB, 1)
+    print("free")
+except OSError:
+    print("held")
+"""
+
+
+def writer_lock_seen_from_another_process() -> str:
+    return subprocess.run([sys.executable, "-c", TRY_THE_WRITER_LOCK, db.database], capture_output=True,
+                          text=True, timeout=30, check=True).stdout.strip()
+
+
+def test_the_writer_lock_is_held_until_the_outermost_write_transaction_ends(database):
+    with write_transaction():
+        with write_transaction(durable=False):
+            run_sql(SAVE, ("inner",))
+        assert writer_lock_seen_from_another_process() == "held"  # the inner one's end kept it
+        run_sql(SAVE, ("outer",))
+    assert writer_lock_seen_from_another_process() == "free"
+
+
+def test_start_up_waits_its_turn_to_open_and_migrate_a_new_database(tmp_path):
+    """Two workers starting on a new file: the second switched it to WAL while the first was doing
+    the same, got "database is locked" at once, and gunicorn stopped both (worker boot error)."""
+    path = str(tmp_path / "new.sqlite3")
+    holder = hold_the_writer_lock(path, 0.6)
+    started = time.monotonic()
+    try:
+        database = open_database(f"sqlite:///{path}")
+        waited = time.monotonic() - started
+    finally:
+        holder.wait(timeout=10)
+    assert waited >= 0.4
+    with database.connection_context():
+        assert database.execute_sql("PRAGMA journal_mode").fetchone()[0] == "wal"
+    database.close()
