@@ -19,26 +19,26 @@ time.sleep(float(sys.argv[2]))
 """
 
 
-def hold_the_writer_lock(path: str, seconds: float) -> subprocess.Popen:
-    """Another process holding its turn to write to `path` for `seconds`; returns once it holds it."""
-    holder = subprocess.Popen([sys.executable, "-c", HOLD_THE_WRITER_LOCK, path, str(seconds)],
+def waited_behind_another_process(path: str, act) -> float:
+    """Seconds that `act()` took while another process held its turn to write to `path` for 0.6 s."""
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_THE_WRITER_LOCK, path, "0.6"],
                               stdout=subprocess.PIPE, text=True)
-    assert holder.stdout.readline().strip() == "held"
-    return holder
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        started = time.monotonic()
+        act()
+        return time.monotonic() - started
+    finally:
+        holder.wait(timeout=10)
 
 
 def test_a_writer_waits_its_turn_behind_another_process_holding_the_writer_lock(database):
     """Another process's turn to write (the lock file) holds this one's write until it ends: the
     process is woken when the lock is released, not on SQLite's busy handler's next try."""
-    holder = hold_the_writer_lock(db.database, 0.6)
-    started = time.monotonic()
-    try:
+    def write():
         with write_transaction():
             run_sql(SAVE, ("after the other process",))
-        waited = time.monotonic() - started
-    finally:
-        holder.wait(timeout=10)
-    assert waited >= 0.4
+    assert waited_behind_another_process(db.database, write) >= 0.4
     assert select_rows("SELECT value FROM setting WHERE name = 'after the other process'", ()) == [
         {"value": "saved"}]
 
@@ -72,14 +72,9 @@ def test_start_up_waits_its_turn_to_open_and_migrate_a_new_database(tmp_path):
     """Two workers starting on a new file: the second switched it to WAL while the first was doing
     the same, got "database is locked" at once, and gunicorn stopped both (worker boot error)."""
     path = str(tmp_path / "new.sqlite3")
-    holder = hold_the_writer_lock(path, 0.6)
-    started = time.monotonic()
-    try:
-        database = open_database(f"sqlite:///{path}")
-        waited = time.monotonic() - started
-    finally:
-        holder.wait(timeout=10)
-    assert waited >= 0.4
+    opened = []
+    assert waited_behind_another_process(path, lambda: opened.append(open_database(f"sqlite:///{path}"))) >= 0.4
+    [database] = opened
     with database.connection_context():
         assert database.execute_sql("PRAGMA journal_mode").fetchone()[0] == "wal"
     database.close()
