@@ -8,9 +8,11 @@ from /proc before they stop. On SQLite (one writer): 1 worker, 2 workers, and 1 
 PARTNER_DELIVERY_CONCURRENCY=8. On PostgreSQL (a throwaway server, as the tests start one; skipped
 when it is not installed): 1 service and 2 services of one worker each, each draining a backlog
 queued anew, with the rows written per delivery from the server's statistics, read once the
-services have stopped (a backend reports its counts when it exits).
+services have stopped (a backend reports its counts when it exits). "No higher" allows 1 %: a
+claim that loses a race to the other service is written again, a few rows in 3,000 deliveries.
 """
 
+import json
 import sys
 
 import psycopg2
@@ -19,6 +21,7 @@ from harness import (REPO, Partner, Receiver, Service, at_least, at_most, copy_o
                      ping_many, report, workdir)
 
 sys.path.insert(0, str(REPO))  # the tests' throwaway PostgreSQL server
+from partner.sealing import new_key  # noqa: E402
 from tests.servers import DATABASE, postgres_bin_dir, start_postgres  # noqa: E402
 
 EVENTS = pick(3000, 300)
@@ -58,11 +61,13 @@ def postgres_runs(tmp, receiver: Receiver) -> dict[str, tuple[float, float, floa
     if bin_dir is None:
         return {}
     server = start_postgres(bin_dir)
+    keys = json.dumps([new_key()])
     try:
         results = {}
         for services in (1, 2):
             schema = server.create_schema()
-            env = {"PARTNER_DATABASE_URL": server.url(schema)}
+            # As every host of one PostgreSQL database must: the same keys, given.
+            env = {"PARTNER_DATABASE_URL": server.url(schema), "PARTNER_ENCRYPTION_KEYS": keys}
             queue_backlog(tmp, receiver, env)
             before = rows_written(server, schema)
             name = f"PostgreSQL, {services} service{'s' if services > 1 else ''}"
@@ -90,7 +95,7 @@ def main() -> dict:
         (one_pg, _, rows_one), (two_pg, _, rows_two) = postgres.values()
         figures += [info(f"{name}: rows written per delivery", rows, "rows") for name, (_, _, rows) in postgres.items()]
         figures += [at_least("PostgreSQL 2 services ÷ 1 service", two_pg / one_pg, "×", 1.0),
-                    at_most("PostgreSQL rows written per delivery, 2 services ÷ 1", rows_two / rows_one, "×", 1.0)]
+                    at_most("PostgreSQL rows written per delivery, 2 services ÷ 1", rows_two / rows_one, "×", 1.01)]
     return report("scale_out", figures, {"events": EVENTS, "subscriptions": SUBSCRIPTIONS})
 
 

@@ -7,7 +7,8 @@ py-spy). Blocked on a POSIX lock instead, a process is woken the moment the turn
 ends. Start-up takes a turn too, so that one process at a time opens a new file (switching it to
 WAL) and applies migrations while the others wait.
 
-POSIX locks belong to a process: a forked worker never shares its parent's, and the threads of one
+Writers queue (_take), so that turns alternate between busy processes. POSIX locks belong to a
+process: a forked worker never shares its parent's, and the threads of one
 process must take turns among themselves first (database.write_transaction does). Anything else
 writing to the file (the sqlite3 shell) still meets the busy handler.
 """
@@ -17,8 +18,9 @@ import os
 import threading
 from contextlib import contextmanager
 
+TURN, QUEUE = 0, 1  # the bytes of the lock file that are locked
 _depth = threading.local()  # how many turns this thread is inside (they nest)
-_descriptors: dict[tuple[int, str], int] = {}  # (pid, database file) -> its lock file, open
+_open: tuple[int, str, int] | None = None  # (pid, database file, its lock file's descriptor)
 
 
 @contextmanager
@@ -28,20 +30,36 @@ def turn(path: str | None):
     depth = getattr(_depth, "value", 0)
     descriptor = _descriptor(path) if depth == 0 else None
     if descriptor is not None:
-        fcntl.lockf(descriptor, fcntl.LOCK_EX, 1)
+        _take(descriptor)
     _depth.value = depth + 1
     try:
         yield
     finally:
         _depth.value = depth
         if descriptor is not None:
-            fcntl.lockf(descriptor, fcntl.LOCK_UN, 1)
+            fcntl.lockf(descriptor, fcntl.LOCK_UN, 1, TURN)
+
+
+def _take(descriptor: int) -> None:
+    """Take the turn (byte TURN) through the queue (byte QUEUE), then leave the queue. A process
+    whose turn just ended cannot take the next one at once: it must queue first, behind whoever
+    waits for the turn holding the queue. A lock released is not handed to the longest waiter
+    (the kernel wakes them all, and the process that released it, still running, usually wins):
+    without the queue, a busy process kept the database and another waited without end."""
+    fcntl.lockf(descriptor, fcntl.LOCK_EX, 1, QUEUE)
+    try:
+        fcntl.lockf(descriptor, fcntl.LOCK_EX, 1, TURN)
+    finally:
+        fcntl.lockf(descriptor, fcntl.LOCK_UN, 1, QUEUE)
 
 
 def _descriptor(path: str | None) -> int | None:
     if not path or path == ":memory:" or path.startswith("file:"):
         return None
-    key = (os.getpid(), os.path.abspath(path))
-    if key not in _descriptors:
-        _descriptors[key] = os.open(key[1] + ".writer", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    return _descriptors[key]
+    global _open
+    pid, path = os.getpid(), os.path.abspath(path)
+    if _open is None or _open[:2] != (pid, path):
+        if _open is not None and _open[0] == pid:
+            os.close(_open[2])  # one database per process (models.open_database): the previous one's
+        _open = (pid, path, os.open(path + ".writer", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))
+    return _open[2]
