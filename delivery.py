@@ -132,15 +132,16 @@ class Dispatcher:
         the next attempt to finish refills its slot at once instead of waiting for REFILL_BATCH
         free ones: the new event may be another organization's, whose turn comes first."""
         self._queued.set()
-        scheduler = self._scheduler
-        if scheduler:
-            scheduler.modify_job(SCAN_JOB, next_run_time=_utcnow())
+        self._run_soon(SCAN_JOB)
 
     def purge_soon(self) -> None:
         """Purge deleted subscriptions now rather than at the next run: one was just deleted."""
+        self._run_soon(retention.PURGE_JOB)
+
+    def _run_soon(self, job: str, seconds: float = 0) -> None:
         scheduler = self._scheduler
         if scheduler:
-            scheduler.modify_job(retention.PURGE_JOB, next_run_time=_utcnow())
+            scheduler.modify_job(job, next_run_time=_utcnow() + timedelta(seconds=seconds))
 
     # --- scanning ------------------------------------------------------------------------------
 
@@ -174,9 +175,8 @@ class Dispatcher:
     def _rescan_if_held_back(self, claims: list[Claim]) -> None:
         """Nothing was in flight here: if the claim found nothing while due deliveries wait behind
         other processes' attempts, scan again soon (HELD_BACK_RESCAN_SECONDS)."""
-        scheduler = self._scheduler
-        if scheduler and not claims and held_back(self._now_ms()):
-            scheduler.modify_job(SCAN_JOB, next_run_time=_utcnow() + timedelta(seconds=HELD_BACK_RESCAN_SECONDS))
+        if self._scheduler and not claims and held_back(self._now_ms()):
+            self._run_soon(SCAN_JOB, HELD_BACK_RESCAN_SECONDS)
 
     def _back_off(self, error: Exception) -> None:
         """The database cannot answer or write (down, disk full, locked): scan less often, log once."""
