@@ -31,7 +31,7 @@ from partner.operator import metrics
 from partner.outbound import ssrf, transport
 from partner.outbound.dns import Lookups
 from partner.group_commit import GroupCommit
-from partner.claims import held_back
+from partner.claims import any_due
 from partner.outbox import Claim, Outcome, Recorded, claim_due, release, write_outcomes
 from partner.retry import MAX_JITTER, RetryPolicy
 from partner.timestamps import to_ms
@@ -46,9 +46,10 @@ LEASE_MARGIN_SECONDS = 30
 # transaction then starts several attempts, instead of one transaction per attempt under load.
 REFILL_BATCH = 8
 # A process with nothing in flight whose scan found due deliveries all waiting behind attempts of
-# other processes scans again after this long (seconds), not at the next poll: the other process
-# refills its slots the moment an attempt finishes, so a backlog queued before this one started
-# would stay with the first process to scan it (bench/scale_out). Such a scan only reads.
+# other processes scans again after this long (seconds), doubling up to the poll interval, not at
+# the next poll: the other process refills its slots the moment an attempt finishes, so a backlog
+# queued before this one started would stay with the first process to scan it (bench/scale_out).
+# Such a scan only reads.
 HELD_BACK_RESCAN_SECONDS = 0.02
 # While the database fails, scans wait this long, doubling up to the maximum (seconds).
 SCAN_BACKOFF_SECONDS, MAX_SCAN_BACKOFF_SECONDS = 1, 60
@@ -91,6 +92,7 @@ class Dispatcher:
         self._queued = threading.Event()  # set by wake(), cleared by the next scan that has slots
         self._scan_backoff = 0.0
         self._next_scan_at = 0.0  # time.monotonic(); later while the database fails
+        self._held_back_rescan = 0.0  # seconds until the next scan while a backlog is held elsewhere
 
     # --- lifecycle -----------------------------------------------------------------------------
 
@@ -175,8 +177,11 @@ class Dispatcher:
     def _rescan_if_held_back(self, claims: list[Claim]) -> None:
         """Nothing was in flight here: if the claim found nothing while due deliveries wait behind
         other processes' attempts, scan again soon (HELD_BACK_RESCAN_SECONDS)."""
-        if self._scheduler and not claims and held_back(self._now_ms()):
-            self._run_soon(SCAN_JOB, HELD_BACK_RESCAN_SECONDS)
+        if claims or not any_due(self._now_ms()):
+            self._held_back_rescan = 0.0
+            return
+        self._held_back_rescan = min(self.poll_interval, 2 * self._held_back_rescan or HELD_BACK_RESCAN_SECONDS)
+        self._run_soon(SCAN_JOB, self._held_back_rescan)
 
     def _back_off(self, error: Exception) -> None:
         """The database cannot answer or write (down, disk full, locked): scan less often, log once."""

@@ -61,7 +61,8 @@ SELECT event_id FROM ranked WHERE NOT failing OR nth <= {p}
 ORDER BY turn, due_at, seq, event_id LIMIT {p}
 """
 _CONDITIONS = {"open": OPEN_CONDITION, "in_flight": IN_FLIGHT_CONDITION}
-_ANY_DUE = "SELECT 1 AS due FROM delivery WHERE {open} AND due_at <= {p} LIMIT 1"
+_ANY_DUE = ("SELECT 1 AS due FROM delivery WHERE {open} AND due_at <= {p} AND EXISTS (SELECT 1 FROM subscription "
+            "WHERE subscription.id = delivery.subscription_id AND deleted_at IS NULL) LIMIT 1")
 
 
 def pick_due(now_ms: int, limit: int, failing_limit: int | None) -> list[str]:
@@ -71,7 +72,7 @@ def pick_due(now_ms: int, limit: int, failing_limit: int | None) -> list[str]:
     return [row["event_id"] for row in rows]
 
 
-def held_back(now_ms: int) -> bool:
-    """Whether any delivery is due: after a claim that took nothing, one waits behind an attempt in
-    flight (one at a time per subscription), or is not to be taken (its subscription deleted)."""
+def any_due(now_ms: int) -> bool:
+    """Whether a delivery of a subscription not deleted is due. Asked after a claim that took
+    nothing: then each waits behind an attempt in flight (one at a time per subscription)."""
     return bool(select_rows(_ANY_DUE, (now_ms,), **_CONDITIONS))

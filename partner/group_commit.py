@@ -9,7 +9,8 @@ meanwhile is written by the next one. No thread of its own and no timer: a lone 
 at once, a crowd in a few transactions.
 
 A batch that fails is written again one outcome per transaction, so that one outcome the database
-refuses costs the others nothing; each caller then sees its own outcome's result or error.
+refuses costs the others nothing (unless the database itself is unavailable: then every caller
+gets that error at once); each caller sees its own outcome's result or error.
 """
 
 import threading
@@ -17,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from models import db
+from partner.availability import is_unavailable
 
 
 class _Queued:
@@ -51,6 +53,9 @@ class GroupCommit:
                 self._write(batch)
             finally:
                 with self._changed:
+                    for unwritten in batch:  # interrupted (a BaseException): none may wait for good
+                        if not unwritten.done:
+                            unwritten.error, unwritten.done = RuntimeError("the batch was not written"), True
                     self._writing = False
                     self._changed.notify_all()
         if queued.error is not None:
@@ -62,13 +67,14 @@ class GroupCommit:
             with db.connection_context(), self._transaction():
                 results = self._write_items([queued.item for queued in batch])
         except Exception as error:  # noqa: BLE001 - handed to the callers, who decide
-            if len(batch) > 1:
+            if len(batch) > 1 and not is_unavailable(error):
                 for queued in batch:
                     self._write([queued])
                 return
-            batch[0].error = error
+            for queued in batch:
+                queued.error = error
         else:
             for queued, result in zip(batch, results):
                 queued.result = result
-        for queued in batch:
+        for queued in batch:  # read by the callers once the writer lets go of _changed
             queued.done = True

@@ -38,8 +38,9 @@ _ENQUEUE = ('INSERT INTO delivery (event_id, subscription_id, state, due_at, seq
 # lease expired is an attempt whose outcome was never recorded: it is counted here.
 _TAKE = ('UPDATE delivery SET state = {p}, due_at = {p}, lease_token = {p}, '
          'unrecorded = unrecorded + CASE WHEN {in_flight} THEN 1 ELSE 0 END WHERE event_id IN '
-         '(SELECT event_id FROM delivery WHERE event_id IN ({ids}) AND {open} AND due_at <= {p}{lock}) '
-         'RETURNING event_id, attempts, unrecorded')
+         '(SELECT event_id FROM delivery WHERE event_id IN ({ids}) AND {open} AND due_at <= {p} AND EXISTS '
+         '(SELECT 1 FROM subscription WHERE subscription.id = delivery.subscription_id AND deleted_at IS NULL)'
+         '{lock}) RETURNING event_id, attempts, unrecorded')
 _CLAIMED = ('SELECT e.id AS event_id, e.kind, e.body, e.created_at, s.id AS subscription_id, s.url, '
             's.secret_key_id, s.secret_sealed, s.consecutive_failures, s.active FROM event AS e '
             'JOIN subscription AS s ON s.id = e.subscription_id WHERE e.id IN ({ids})')
@@ -49,8 +50,9 @@ _RELEASE = ('UPDATE delivery SET state = {p}, due_at = {p}, lease_token = NULL '
 _FINISH = ('UPDATE delivery SET state = {p}, attempts = {p}, due_at = {p}, lease_token = NULL '
            'WHERE event_id = {p} AND lease_token = {p}')
 # The attempt number is the one the claim read plus one, as _claim_of counts it: the lease kept it.
+# `event_id IN` first: SQLite plans a row-value IN (VALUES ...) alone as a scan of the whole table.
 _FINISH_DELIVERED = ('UPDATE delivery SET state = {p}, attempts = attempts + 1, due_at = NULL, '
-                     'lease_token = NULL WHERE (event_id, lease_token) IN (VALUES {pairs}) '
+                     'lease_token = NULL WHERE event_id IN ({ids}) AND (event_id, lease_token) IN (VALUES {pairs}) '
                      'RETURNING event_id, subscription_id')
 _RESET_STREAKS = ('UPDATE subscription SET consecutive_failures = 0 '
                   'WHERE id IN ({ids}) AND consecutive_failures <> 0')
@@ -137,9 +139,9 @@ def claim_due(now_ms: int, limit: int, lease_ms: int, failing_limit: int | None 
     process. Rows not taken are not written. A delivery whose outcome went unrecorded
     MAX_UNRECORDED times is dead-lettered here instead (`not_recorded`), a failure like any other.
 
-    Only the taking writes: the choice is read before, and what the attempts need after, so the
-    writer (SQLite's one) is held for one UPDATE. The taking re-checks that each chosen delivery is
-    still open and due, which is all another process could have changed in between."""
+    The choice is read before the write transaction, so the writer (SQLite's one) is held only for
+    the taking and what the attempts need. The taking re-checks that each chosen delivery is still
+    open, due, and its subscription not deleted: what another process may have changed meanwhile."""
     if limit <= 0:
         return []
     picked = pick_due(now_ms, limit, failing_limit)
@@ -151,22 +153,18 @@ def claim_due(now_ms: int, limit: int, lease_ms: int, failing_limit: int | None 
         taken = {row["event_id"]: row for row in select_rows(
             _TAKE, (Delivery.IN_FLIGHT, now_ms + lease_ms, token, *picked, now_ms), ids=len(picked),
             lock=lock, **_CONDITIONS)}
-    if not taken:
-        return []
-    rows = {row["event_id"]: row for row in select_rows(_CLAIMED, taken, ids=len(taken))}
-    kept = [_claim_of(rows[event_id], taken[event_id], token) for event_id in picked if event_id in rows]
-    disabled = [claim for claim in kept if not rows[claim.event_id]["active"]]
-    lost = [claim for claim in kept if taken[claim.event_id]["unrecorded"] >= MAX_UNRECORDED
-            and claim not in disabled]
-    if disabled or lost:
-        with write_transaction(durable=False):
-            for claim in disabled:  # queued while it was being disabled: dead-lettered, as disabling does
-                run_sql(_RELEASE, (Delivery.DEAD, None, token, claim.event_id), ids=1)
-                _dead_letter_open(claim.subscription_id)
-            for claim in lost:
-                if _holds_lease(claim):
-                    _record_failure(claim, NEVER_RECORDED, now_ms, now_ms,
-                                    RetryPolicy([], auto_disable_threshold), 0.0)
+        if not taken:
+            return []
+        rows = {row["event_id"]: row for row in select_rows(_CLAIMED, taken, ids=len(taken))}
+        kept = [_claim_of(rows[event_id], taken[event_id], token) for event_id in picked if event_id in taken]
+        disabled = [claim for claim in kept if not rows[claim.event_id]["active"]]
+        for claim in disabled:  # queued while it was being disabled: dead-lettered, as disabling does
+            run_sql(_RELEASE, (Delivery.DEAD, None, token, claim.event_id), ids=1)
+            _dead_letter_open(claim.subscription_id)
+        lost = [claim for claim in kept if taken[claim.event_id]["unrecorded"] >= MAX_UNRECORDED
+                and claim not in disabled]
+        for claim in lost:
+            _record_failure(claim, NEVER_RECORDED, now_ms, now_ms, RetryPolicy([], auto_disable_threshold), 0.0)
     return [claim for claim in kept if claim not in disabled and claim not in lost]
 
 
@@ -213,9 +211,11 @@ def _finish_delivered(claims: list[Claim]) -> set[str]:
     if not claims:
         return set()
     pairs = [value for claim in claims for value in (claim.event_id, claim.lease_token)]
-    finished = select_rows(_FINISH_DELIVERED, (Delivery.DELIVERED, *pairs), pairs=value_rows(len(claims), 2))
-    if finished:
-        run_sql(_RESET_STREAKS, {row["subscription_id"] for row in finished}, ids=len(finished))
+    finished = select_rows(_FINISH_DELIVERED, (Delivery.DELIVERED, *[c.event_id for c in claims], *pairs),
+                           ids=len(claims), pairs=value_rows(len(claims), 2))
+    subscriptions = {row["subscription_id"] for row in finished}
+    if subscriptions:
+        run_sql(_RESET_STREAKS, subscriptions, ids=len(subscriptions))
     return {row["event_id"] for row in finished}
 
 

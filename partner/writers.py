@@ -3,22 +3,30 @@
 SQLite has one writer. A process that finds it taken sleeps in SQLite's busy handler for 1 to
 100 ms between tries, while the process holding it takes it again and again: with two workers,
 their delivery threads spent about half of their writing time asleep there (bench/scale_out,
-py-spy). Blocked on a POSIX lock instead, a process is woken the moment the turn before its own
-ends. Start-up takes a turn too, so that one process at a time opens a new file (switching it to
-WAL) and applies migrations while the others wait.
+py-spy). Waiting on a POSIX lock instead, a process takes the turn within a millisecond of the
+one before its own ending, and turns alternate between busy processes (_take). Start-up takes a
+turn too, so that one process at a time opens a new file (switching it to WAL) and applies
+migrations while the others wait.
 
-Writers queue (_take), so that turns alternate between busy processes. POSIX locks belong to a
-process: a forked worker never shares its parent's, and the threads of one
-process must take turns among themselves first (database.write_transaction does). Anything else
+POSIX locks belong to a process: a forked worker never shares its parent's, and the threads of one
+process must take turns among themselves first (database.write_transaction holds its lock around
+turn(); models.open_database takes its turn before the process starts a thread). Anything else
 writing to the file (the sqlite3 shell) still meets the busy handler.
 """
 
+import errno
 import fcntl
 import os
 import threading
+import time
 from contextlib import contextmanager
 
+from peewee import OperationalError
+
 TURN, QUEUE = 0, 1  # the bytes of the lock file that are locked
+# How long a process waits for its turn, as long as SQLite's busy_timeout (models.SQLITE_PRAGMAS);
+# while it waits it tries again after pauses of 0.1 ms doubling to 1 ms.
+WAIT_SECONDS, FIRST_PAUSE, MOST_PAUSE = 5.0, 0.0001, 0.001
 _depth = threading.local()  # how many turns this thread is inside (they nest)
 _open: tuple[int, str, int] | None = None  # (pid, database file, its lock file's descriptor)
 
@@ -44,13 +52,33 @@ def _take(descriptor: int) -> None:
     """Take the turn (byte TURN) through the queue (byte QUEUE), then leave the queue. A process
     whose turn just ended cannot take the next one at once: it must queue first, behind whoever
     waits for the turn holding the queue. A lock released is not handed to the longest waiter
-    (the kernel wakes them all, and the process that released it, still running, usually wins):
-    without the queue, a busy process kept the database and another waited without end."""
-    fcntl.lockf(descriptor, fcntl.LOCK_EX, 1, QUEUE)
+    (the process that released it, still running, usually wins): without the queue, a busy
+    process kept the database and another waited without end. Bounded, as SQLite's busy handler
+    is: after WAIT_SECONDS the write fails as "database is locked" (a 503, or the scanner's backoff)."""
+    deadline = time.monotonic() + WAIT_SECONDS
+    _lock(descriptor, QUEUE, deadline)
     try:
-        fcntl.lockf(descriptor, fcntl.LOCK_EX, 1, TURN)
+        _lock(descriptor, TURN, deadline)
     finally:
         fcntl.lockf(descriptor, fcntl.LOCK_UN, 1, QUEUE)
+
+
+def _lock(descriptor: int, byte: int, deadline: float) -> None:
+    """Lock `byte`, trying again after a pause that doubles from FIRST_PAUSE to MOST_PAUSE: a
+    blocking lock cannot be given up after a while."""
+    pause = FIRST_PAUSE
+    while True:
+        try:
+            fcntl.lockf(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, byte)
+            return
+        except OSError as error:
+            if error.errno not in (errno.EACCES, errno.EAGAIN):
+                raise OperationalError(f"unable to open the database's writer lock: {error}") from error
+        if time.monotonic() + pause > deadline:
+            raise OperationalError(f"database is locked: another process held its turn to write for over "
+                                   f"{WAIT_SECONDS:g} s")
+        time.sleep(pause)
+        pause = min(2 * pause, MOST_PAUSE)
 
 
 def _descriptor(path: str | None) -> int | None:
@@ -61,5 +89,8 @@ def _descriptor(path: str | None) -> int | None:
     if _open is None or _open[:2] != (pid, path):
         if _open is not None and _open[0] == pid:
             os.close(_open[2])  # one database per process (models.open_database): the previous one's
-        _open = (pid, path, os.open(path + ".writer", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))
+        try:
+            _open = (pid, path, os.open(path + ".writer", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))
+        except OSError as error:
+            raise OperationalError(f"unable to open the database's writer lock: {error}") from error
     return _open[2]

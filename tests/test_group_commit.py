@@ -1,6 +1,7 @@
 """Fewer write transactions per delivery: the outcomes of attempts finishing together share one
 transaction (group_commit.py), each caller still getting its own result or error."""
 
+import threading
 import time
 from contextlib import contextmanager
 
@@ -17,6 +18,7 @@ from tests.test_fair_claims import LEASE, NOW, enqueue_ping, subscriptions
 
 POLICY = RetryPolicy([60], 20)
 DELIVERED = AttemptResult(True, 200, None, "", 3)
+FAILED = AttemptResult(False, 500, "http_status", "", 3)
 SAVE = ("INSERT INTO setting (name, value) VALUES ({p}, 'saved') "
         "ON CONFLICT (name) DO UPDATE SET value = excluded.value")
 
@@ -61,6 +63,53 @@ def test_outcomes_finishing_together_share_transactions_and_each_caller_gets_its
     assert max(counted.batches) > 1 and len(counted.batches) < 20
     assert {d.state for d in Delivery.select()} == {"delivered"}
     assert {d.attempts for d in Delivery.select()} == {1}
+
+
+def test_each_caller_gets_its_own_outcome_from_a_mixed_batch(database, organization):
+    for subscription in subscriptions(organization("acme"), 6):
+        enqueue_ping(subscription)
+    claims = claim_due(NOW, 64, LEASE)
+    failed = {claims[1].event_id, claims[4].event_id}
+    group = GroupCommit(Counted(hold_first=0.3), lambda outcomes: write_outcomes(outcomes, POLICY))
+    recorded = {}
+
+    def finish(claim):
+        result = FAILED if claim.event_id in failed else DELIVERED
+        recorded[claim.event_id] = group.run(Outcome(claim, result, NOW, NOW + 3))
+
+    assert run_together(*[lambda claim=claim: finish(claim) for claim in claims]) == []
+    assert {event_id for event_id, r in recorded.items() if r.next_attempt_at} == failed
+    assert all(r.recorded for r in recorded.values())
+    assert {d.event_id: d.state for d in Delivery.select()} == {
+        claim.event_id: "pending" if claim.event_id in failed else "delivered" for claim in claims}
+
+
+def test_a_batch_cut_short_leaves_no_caller_waiting_or_without_an_answer(database):
+    def write(names):
+        if "cut" in names:
+            raise KeyboardInterrupt  # not an Exception: it ends the writing thread's batch
+        return names
+
+    group = GroupCommit(Counted(hold_first=0.3), write)
+    answers = {}
+
+    def run(name):
+        try:
+            answers[name] = group.run(name)
+        except BaseException as error:  # noqa: BLE001 - the answer under test
+            answers[name] = type(error).__name__
+
+    names = ["first", "a", "cut", "b"]
+    threads = [threading.Thread(target=run, args=(name,)) for name in names]
+    for thread in threads:
+        thread.start()
+        time.sleep(0.05 if thread is threads[0] else 0)  # "first" writes alone, the others queue
+    for thread in threads:
+        thread.join(timeout=10)
+    assert not any(thread.is_alive() for thread in threads)
+    assert answers["first"] == "first"
+    later = {answers[name] for name in ("a", "cut", "b")}
+    assert None not in later and later <= {"KeyboardInterrupt", "RuntimeError"}
 
 
 def test_an_item_that_fails_costs_the_others_in_its_batch_nothing(database):
