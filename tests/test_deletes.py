@@ -85,7 +85,7 @@ def test_a_deleted_subscription_no_longer_counts_toward_the_cap(app, client, aut
 def test_deleting_a_long_history_blocks_no_other_organization(app, client, auth, subscribe_receiver, issue_key, clock):
     doomed = subscribe_receiver()
     with app.app_context(), db.connection_context():
-        add_history(doomed["id"], 1_000, 100, int(clock() * 1000))  # 100,000 failure records
+        add_history(doomed["id"], 3_000, 100, int(clock() * 1000))  # 300,000 failure records
     other = bearer(issue_key("other", rate_limit=100_000))
     theirs = subscribe_receiver(other)
     done, answers = threading.Event(), []
