@@ -30,8 +30,8 @@ from partner.database import probe_write, write_transaction
 from partner.operator import metrics
 from partner.outbound import ssrf, transport
 from partner.outbound.dns import Lookups
-from partner.group_commit import GroupCommit
 from partner.claims import any_due
+from partner.group_commit import GroupCommit
 from partner.outbox import Claim, Outcome, Recorded, claim_due, release, write_outcomes
 from partner.retry import MAX_JITTER, RetryPolicy
 from partner.timestamps import to_ms
@@ -305,15 +305,15 @@ def _log_attempt(outcome: Outcome, recorded: Recorded) -> None:
     """One line per attempt, and its metrics. The fields appear twice: in the text line, and as
     JSON keys under PARTNER_LOG_FORMAT=json."""
     claim, result, finished_at = outcome.claim, outcome.result, outcome.finished_at
-    outcome = result.error or "delivered"
-    metrics.count_attempt(claim.kind, outcome, result.duration_ms / 1000)
+    what = result.error or "delivered"  # the `outcome` of the log line and the metric
+    metrics.count_attempt(claim.kind, what, result.duration_ms / 1000)
     if recorded.dead_lettered:
         metrics.DEAD_LETTERED.inc()
     if recorded.auto_disabled:
         metrics.AUTO_DISABLED.inc()
     next_at = recorded.next_attempt_at
     fields = {"event_id": claim.event_id, "subscription_id": claim.subscription_id,
-              "attempt": claim.attempt, "outcome": outcome, "status": result.http_status,
+              "attempt": claim.attempt, "outcome": what, "status": result.http_status,
               "duration_ms": result.duration_ms,
               "next_attempt_in_ms": next_at - finished_at if next_at else None,
               "recorded": recorded.recorded}
