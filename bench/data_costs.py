@@ -11,7 +11,7 @@ bench/scale_out), drained by each variant from a copy.
 import time
 
 from harness import (REPO, Partner, Receiver, Service, at_least, copy_of, drain_backlog, info, percentile, pick,
-                     report, run_threads, workdir)
+                     report, run_threads, slug, workdir)
 from scale_out import EVENTS, SUBSCRIPTIONS, queue_backlog
 
 WRITES = pick(2000, 200)
@@ -24,8 +24,8 @@ VARIANTS = {name: ("bench.variant_app:app", {"BENCH_VARIANT": variant, "PYTHONPA
 
 def api_write_latencies(tmp, receiver: Receiver, name: str, app: str, env: dict) -> list[float]:
     """Milliseconds of each POST .../test, with the scanner off (nothing but the API writes)."""
-    service = Service(tmp, {"PARTNER_SCHEDULER_ENABLED": "false", **env}, app=app, name=name.replace(" ", "-"),
-                      database=tmp / f"writes-{name.replace(' ', '-')}.sqlite3")
+    service = Service(tmp, {"PARTNER_SCHEDULER_ENABLED": "false", **env}, app=app, name=slug(name),
+                      database=tmp / f"writes-{slug(name)}.sqlite3")
     key = service.create_key()
     latencies: list[float] = []
     with service:

@@ -374,9 +374,14 @@ def ping_many(service: Service, key: str, subscriptions: list[dict], count: int,
     return time.monotonic() - started
 
 
+def slug(name: str) -> str:
+    """A run's name as a file name: `1 worker, 8 slots` -> `1-worker-8-slots`."""
+    return name.replace(",", "").replace(" ", "-")
+
+
 def copy_of(database: Path, name: str) -> Path:
     """A copy of a SQLite database file beside it, for one run to drain."""
-    copy = database.with_name(f"{name.replace(' ', '-').replace(',', '')}.sqlite3")
+    copy = database.with_name(f"{slug(name)}.sqlite3")
     shutil.copy(database, copy)
     return copy
 
@@ -388,9 +393,8 @@ def drain_backlog(tmp: Path, receiver: "Receiver", events: int, name: str, env: 
     deliveries/s ((deliveries - 1) / (last arrival - first arrival)), and the workers' CPU
     milliseconds per delivery, read from /proc before they stop."""
     receiver.reset()
-    stem = name.replace(" ", "-").replace(",", "")
     with ExitStack() as running:
-        started = [running.enter_context(Service(tmp, env, app=app, name=f"{stem}-{n}", database=database))
+        started = [running.enter_context(Service(tmp, env, app=app, name=f"{slug(name)}-{n}", database=database))
                    for n in range(services)]
         workers = [pid for service in started for pid in child_pids(service.process.pid)]
         cpu_before = sum(cpu_seconds(pid) for pid in workers)

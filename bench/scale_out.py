@@ -15,14 +15,12 @@ claim that loses a race to the other service is written again, a few rows in 3,0
 import json
 import sys
 
-import psycopg2
-
 from harness import (REPO, Partner, Receiver, Service, at_least, at_most, copy_of, drain_backlog, info, pick,
                      ping_many, report, workdir)
 
 sys.path.insert(0, str(REPO))  # the tests' throwaway PostgreSQL server
 from partner.sealing import new_key  # noqa: E402
-from tests.servers import DATABASE, postgres_bin_dir, start_postgres  # noqa: E402
+from tests.servers import postgres_bin_dir, start_postgres  # noqa: E402
 
 EVENTS = pick(3000, 300)
 SUBSCRIPTIONS = 30
@@ -45,14 +43,12 @@ def queue_backlog(tmp, receiver: Receiver, env: dict | None = None):
 
 
 def rows_written(server, schema: str) -> int:
-    connection = psycopg2.connect(host="127.0.0.1", port=server.port, user="postgres", dbname=DATABASE)
+    database = server.connect(schema)
     try:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT COALESCE(SUM(n_tup_ins + n_tup_upd + n_tup_del), 0) FROM pg_stat_user_tables "
-                           "WHERE schemaname = %s", (schema,))
-            return int(cursor.fetchone()[0])
+        return int(database.execute_sql("SELECT COALESCE(SUM(n_tup_ins + n_tup_upd + n_tup_del), 0) "
+                                        "FROM pg_stat_user_tables WHERE schemaname = %s", (schema,)).fetchone()[0])
     finally:
-        connection.close()
+        database.close()
 
 
 def postgres_runs(tmp, receiver: Receiver) -> dict[str, tuple[float, float, float]]:

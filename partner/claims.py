@@ -24,7 +24,7 @@ because neither database does it on its own), and reads that subscription's head
 index. A claim costs the number of subscriptions with open work, not the number of due deliveries.
 """
 
-from models import IN_FLIGHT_CONDITION, OPEN_CONDITION
+from models import SQL_CONDITIONS
 from partner.database import select_rows
 
 # Portable (SQLite 3.25+ and PostgreSQL: recursive CTEs and window functions), run by
@@ -60,19 +60,17 @@ ranked AS (
 SELECT event_id FROM ranked WHERE NOT failing OR nth <= {p}
 ORDER BY turn, due_at, seq, event_id LIMIT {p}
 """
-_CONDITIONS = {"open": OPEN_CONDITION, "in_flight": IN_FLIGHT_CONDITION}
-_ANY_DUE = ("SELECT 1 AS due FROM delivery WHERE {open} AND due_at <= {p} AND EXISTS (SELECT 1 FROM subscription "
-            "WHERE subscription.id = delivery.subscription_id AND deleted_at IS NULL) LIMIT 1")
+_ANY_DUE = "SELECT 1 AS due FROM delivery WHERE {open} AND due_at <= {p} AND {live} LIMIT 1"
 
 
 def pick_due(now_ms: int, limit: int, failing_limit: int | None) -> list[str]:
     """The event ids of up to `limit` deliveries to claim now, in turn order (module docstring)."""
     failing = limit if failing_limit is None else failing_limit
-    rows = select_rows(_PICK, (now_ms, now_ms, now_ms, failing, limit), **_CONDITIONS)
+    rows = select_rows(_PICK, (now_ms, now_ms, now_ms, failing, limit), **SQL_CONDITIONS)
     return [row["event_id"] for row in rows]
 
 
 def any_due(now_ms: int) -> bool:
     """Whether a delivery of a subscription not deleted is due. Asked after a claim that took
     nothing: then each waits behind an attempt in flight (one at a time per subscription)."""
-    return bool(select_rows(_ANY_DUE, (now_ms,), **_CONDITIONS))
+    return bool(select_rows(_ANY_DUE, (now_ms,), **SQL_CONDITIONS))

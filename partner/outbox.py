@@ -12,7 +12,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from models import IN_FLIGHT_CONDITION, IS_OPEN, OPEN_CONDITION, Delivery, Event, Failure, Subscription
+from models import IS_OPEN, SQL_CONDITIONS, Delivery, Event, Failure, Subscription
 from partner.claims import pick_due
 from partner.config import DEFAULTS
 from partner.database import (is_sqlite, keyset_page, new_id, run_sql, select_rows, value_rows,
@@ -33,14 +33,14 @@ TEST_PING = "vc.test.ping"
 # the indexes still apply.
 _ENQUEUE = ('INSERT INTO delivery (event_id, subscription_id, state, due_at, seq) VALUES ({p}, {p}, {p}, {p}, '
             '(SELECT COALESCE(MAX(seq), 0) + 1 FROM delivery WHERE subscription_id = {p} AND {open}))')
-# Takes the picked deliveries (claims.pick_due) that are still due: on PostgreSQL another service may
-# have taken one since, and SKIP LOCKED passes over one it is taking. A delivery in flight whose
+# Takes the picked deliveries (claims.pick_due) that are still due and whose subscription is not
+# deleted: the pick was read before this transaction, another process may have taken one or
+# deleted its subscription since, and on PostgreSQL SKIP LOCKED passes over one it is taking. A delivery in flight whose
 # lease expired is an attempt whose outcome was never recorded: it is counted here.
 _TAKE = ('UPDATE delivery SET state = {p}, due_at = {p}, lease_token = {p}, '
          'unrecorded = unrecorded + CASE WHEN {in_flight} THEN 1 ELSE 0 END WHERE event_id IN '
-         '(SELECT event_id FROM delivery WHERE event_id IN ({ids}) AND {open} AND due_at <= {p} AND EXISTS '
-         '(SELECT 1 FROM subscription WHERE subscription.id = delivery.subscription_id AND deleted_at IS NULL)'
-         '{lock}) RETURNING event_id, attempts, unrecorded')
+         '(SELECT event_id FROM delivery WHERE event_id IN ({ids}) AND {open} AND due_at <= {p} AND {live}{lock}) '
+         'RETURNING event_id, attempts, unrecorded')
 _CLAIMED = ('SELECT e.id AS event_id, e.kind, e.body, e.created_at, s.id AS subscription_id, s.url, '
             's.secret_key_id, s.secret_sealed, s.consecutive_failures, s.active FROM event AS e '
             'JOIN subscription AS s ON s.id = e.subscription_id WHERE e.id IN ({ids})')
@@ -58,7 +58,6 @@ _RESET_STREAKS = ('UPDATE subscription SET consecutive_failures = 0 '
                   'WHERE id IN ({ids}) AND consecutive_failures <> 0')
 _COUNT_FAILURE = ('UPDATE subscription SET consecutive_failures = consecutive_failures + 1 '
                   'WHERE id = {p} RETURNING consecutive_failures, active')
-_CONDITIONS = {"open": OPEN_CONDITION, "in_flight": IN_FLIGHT_CONDITION}
 
 
 @dataclass(frozen=True)
@@ -126,7 +125,7 @@ def enqueue(subscription: Subscription, kind: str, data: dict, now_ms: int) -> E
     with write_transaction():
         event = Event.create(id=event_id, subscription=subscription, kind=kind, body=body,
                              created_at=now_ms)
-        run_sql(_ENQUEUE, (event_id, subscription.id, Delivery.PENDING, now_ms, subscription.id), **_CONDITIONS)
+        run_sql(_ENQUEUE, (event_id, subscription.id, Delivery.PENDING, now_ms, subscription.id), **SQL_CONDITIONS)
     return event
 
 
@@ -152,7 +151,7 @@ def claim_due(now_ms: int, limit: int, lease_ms: int, failing_limit: int | None 
     with write_transaction(durable=False):
         taken = {row["event_id"]: row for row in select_rows(
             _TAKE, (Delivery.IN_FLIGHT, now_ms + lease_ms, token, *picked, now_ms), ids=len(picked),
-            lock=lock, **_CONDITIONS)}
+            lock=lock, **SQL_CONDITIONS)}
         if not taken:
             return []
         rows = {row["event_id"]: row for row in select_rows(_CLAIMED, taken, ids=len(taken))}
@@ -187,20 +186,13 @@ class Outcome:
     jitter: float = 0.0  # seconds added to the retry delay (RetryPolicy)
 
 
-def record_attempt(claim: Claim, result: AttemptResult, attempted_at: int, finished_at: int,
-                   policy: RetryPolicy, jitter: float) -> Recorded:
-    """Record one attempt in a transaction of its own (write_outcomes)."""
-    with write_transaction(durable=False):
-        [recorded] = write_outcomes([Outcome(claim, result, attempted_at, finished_at, jitter)], policy)
-    return recorded
-
-
 def write_outcomes(outcomes: list[Outcome], policy: RetryPolicy) -> list[Recorded]:
     """Record attempts whose claim's lease is still ours: a success marks the delivery delivered and
     resets the subscription's failure streak; a failure is audited, counted, and decided by `policy`
     (next attempt, dead-letter, auto-disable). Call inside a write transaction: the dispatcher
     writes the outcomes of attempts finishing together in one (group_commit), the successes of
-    them in two statements, so that the writer is held for less."""
+    them in two statements, so that the writer is held for less; tests step one at a time
+    (tests.support.record_attempt)."""
     delivered = _finish_delivered([outcome.claim for outcome in outcomes if outcome.result.ok])
     return [(Recorded(True) if outcome.claim.event_id in delivered else NOT_RECORDED) if outcome.result.ok
             else _write_failure(outcome, policy) for outcome in outcomes]

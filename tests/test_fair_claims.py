@@ -10,11 +10,12 @@ import time
 import pytest
 
 from models import Delivery, Failure, Subscription
-from partner.outbox import MAX_UNRECORDED, claim_due, enqueue_test_ping, record_attempt, release
+from partner.outbox import MAX_UNRECORDED, claim_due, enqueue_test_ping, release
 from partner.outbound.transport import AttemptResult
 from partner.retry import RetryPolicy
 from partner.subscriptions import create_subscription
 from tests.receivers import hang
+from tests.support import record_attempt
 
 NOW = 1_800_000_000_123
 LEASE = 40_000

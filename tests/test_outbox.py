@@ -11,12 +11,11 @@ import pytest
 from partner.errors import ApiError
 from partner.keys import create_key
 from models import Delivery, Event, Failure, Subscription, db
-from partner.outbox import (NOT_RECORDED, Recorded, claim_due, enqueue_test_ping, failures_page, record_attempt,
-                    trigger_test_ping)
+from partner.outbox import NOT_RECORDED, Recorded, claim_due, enqueue_test_ping, failures_page, trigger_test_ping
 from partner.retry import RetryPolicy
 from partner.retention import purge_deleted
 from partner.subscriptions import create_subscription, delete_subscription
-from tests.support import query_plan, run_together
+from tests.support import query_plan, record_attempt, run_together
 from partner.outbound.transport import AttemptResult
 
 NOW = 1_800_000_000_123  # 2027-01-15T08:00:00.123Z, Unix ms

@@ -10,10 +10,10 @@ import pytest
 
 from partner.keys import parse_key
 from models import Delivery, Event, Failure, Subscription, db
-from partner.outbox import claim_due, record_attempt
+from partner.outbox import claim_due
 from partner.retry import RetryPolicy
 from partner.outbound.transport import AttemptResult
-from tests.support import WEBHOOKS, bearer, field_codes, ping_as
+from tests.support import WEBHOOKS, bearer, field_codes, ping_as, record_attempt
 
 URL = "http://93.184.215.14/hook"
 CLOCK_START = 1_800_000_000.1235  # 2027-01-15T08:00:00.123Z; the half millisecond keeps floats off a boundary
