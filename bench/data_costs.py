@@ -11,8 +11,8 @@ bench/scale_out), drained by each variant from a copy.
 import time
 
 from harness import (REPO, Partner, Receiver, Service, at_least, copy_of, drain_backlog, info, percentile, pick,
-                     report, run_threads, slug, workdir)
-from scale_out import EVENTS, SUBSCRIPTIONS, queue_backlog
+                     queue_backlog, report, run_threads, slug, workdir)
+from scale_out import EVENTS, SUBSCRIPTIONS
 
 WRITES = pick(2000, 200)
 CLIENTS = 4
@@ -47,7 +47,7 @@ def main() -> dict:
     with workdir("data-costs") as tmp, Receiver() as receiver:
         writes = {name: api_write_latencies(tmp, receiver, name, *variant)
                   for name, variant in {"service": SERVICE, "NORMAL commits": VARIANTS["NORMAL commits"]}.items()}
-        backlog = queue_backlog(tmp, receiver)
+        backlog, _ = queue_backlog(tmp, receiver, SUBSCRIPTIONS, EVENTS)
         drains = {name: drain_backlog(tmp, receiver, EVENTS, name, env, app=app, database=copy_of(backlog, name))
                   for name, (app, env) in {"service": SERVICE, **VARIANTS}.items()}
     figures = []

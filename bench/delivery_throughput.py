@@ -17,8 +17,8 @@ import subprocess
 import sys
 import tempfile
 
-from harness import (BENCH_DIR, SERVICE_ENV, Partner, Receiver, Service, at_least, at_most, cpu_seconds,
-                     info, partner_tls, pick, ping_many, profiled, report, workdir)
+from harness import (BENCH_DIR, SERVICE_ENV, Receiver, Service, at_least, at_most, cpu_seconds, info, partner_tls,
+                     pick, profiled, queue_backlog, report, workdir)
 
 EVENTS = pick(10_000, 500)
 SUBSCRIPTIONS = 100
@@ -29,17 +29,6 @@ DRAIN_TIMEOUT = pick(600, 60)
 
 def rate(arrivals: list[float]) -> float:
     return (len(arrivals) - 1) / (max(arrivals) - min(arrivals))
-
-
-def queue_backlog(tmp, receiver: Receiver, events: int, database) -> float:
-    """Subscriptions and `events` due test pings in `database`; returns seconds spent queueing."""
-    quiet = Service(tmp, {"PARTNER_SCHEDULER_ENABLED": "false"}, name="enqueue", database=database)
-    key = quiet.create_key()
-    with quiet:
-        partner = Partner(quiet, key)
-        subscriptions = [partner.subscribe(receiver.url(f"/ok/{n}")) for n in range(SUBSCRIPTIONS)]
-        partner.close()
-        return ping_many(quiet, key, subscriptions, events)
 
 
 def children_cpu_seconds() -> float:
@@ -78,7 +67,7 @@ def drain(tmp, receiver: Receiver, name: str, env: dict | None = None) -> tuple[
     """Queue a backlog for `receiver`, then start the service and time its drain: deliveries/s,
     worker CPU ms per delivery, and seconds spent queueing."""
     database = tmp / f"{name}.sqlite3"
-    enqueue_seconds = queue_backlog(tmp, receiver, EVENTS, database)
+    _, enqueue_seconds = queue_backlog(tmp, receiver, SUBSCRIPTIONS, EVENTS, database=database)
     receiver.reset()
     service = Service(tmp, env, name=name, database=database)
     with service, profiled(service, f"delivery_throughput_{name}"):

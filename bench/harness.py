@@ -374,6 +374,20 @@ def ping_many(service: Service, key: str, subscriptions: list[dict], count: int,
     return time.monotonic() - started
 
 
+def queue_backlog(tmp: Path, receiver: "Receiver", subscriptions: int, events: int, env: dict | None = None,
+                  database: Path | None = None) -> tuple[Path, float]:
+    """`events` due test pings over `subscriptions` subscriptions to `receiver`, queued through the
+    API with the scanner off, in `database` (or the PARTNER_DATABASE_URL in `env`): the SQLite
+    file, and the seconds the pings took to queue."""
+    quiet = Service(tmp, {"PARTNER_SCHEDULER_ENABLED": "false", **(env or {})}, name="enqueue", database=database)
+    key = quiet.create_key()
+    with quiet:
+        partner = Partner(quiet, key)
+        hooks = [partner.subscribe(receiver.url(f"/ok/{n}")) for n in range(subscriptions)]
+        partner.close()
+        return quiet.database, ping_many(quiet, key, hooks, events)
+
+
 def slug(name: str) -> str:
     """A run's name as a file name: `1 worker, 8 slots` -> `1-worker-8-slots`."""
     return name.replace(",", "").replace(" ", "-")

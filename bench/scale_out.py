@@ -15,8 +15,8 @@ claim that loses a race to the other service is written again, a few rows in 3,0
 import json
 import sys
 
-from harness import (REPO, Partner, Receiver, Service, at_least, at_most, copy_of, drain_backlog, info, pick,
-                     ping_many, report, workdir)
+from harness import (REPO, Receiver, at_least, at_most, copy_of, drain_backlog, info, pick, queue_backlog, report,
+                     workdir)
 
 sys.path.insert(0, str(REPO))  # the tests' throwaway PostgreSQL server
 from partner.sealing import new_key  # noqa: E402
@@ -27,19 +27,6 @@ SUBSCRIPTIONS = 30
 DRAIN_TIMEOUT = pick(300, 60)
 RUNS = {"1 worker": {}, "2 workers": {"GUNICORN_CMD_ARGS": "--workers 2"},
         "1 worker, 8 slots": {"PARTNER_DELIVERY_CONCURRENCY": "8"}}
-
-
-def queue_backlog(tmp, receiver: Receiver, env: dict | None = None):
-    """EVENTS due pings over SUBSCRIPTIONS subscriptions, queued through the API with the scanner off;
-    the SQLite file (unless `env` names another database)."""
-    quiet = Service(tmp, {"PARTNER_SCHEDULER_ENABLED": "false", **(env or {})}, name="enqueue")
-    key = quiet.create_key()
-    with quiet:
-        partner = Partner(quiet, key)
-        subscriptions = [partner.subscribe(receiver.url(f"/ok/{n}")) for n in range(SUBSCRIPTIONS)]
-        partner.close()
-        ping_many(quiet, key, subscriptions, EVENTS)
-    return quiet.database
 
 
 def rows_written(server, schema: str) -> int:
@@ -64,7 +51,7 @@ def postgres_runs(tmp, receiver: Receiver) -> dict[str, tuple[float, float, floa
             schema = server.create_schema()
             # As every host of one PostgreSQL database must: the same keys, given.
             env = {"PARTNER_DATABASE_URL": server.url(schema), "PARTNER_ENCRYPTION_KEYS": keys}
-            queue_backlog(tmp, receiver, env)
+            queue_backlog(tmp, receiver, SUBSCRIPTIONS, EVENTS, env)
             before = rows_written(server, schema)
             name = f"PostgreSQL, {services} service{'s' if services > 1 else ''}"
             rate, cpu = drain_backlog(tmp, receiver, EVENTS, name, env, services=services, timeout=DRAIN_TIMEOUT)
@@ -76,7 +63,7 @@ def postgres_runs(tmp, receiver: Receiver) -> dict[str, tuple[float, float, floa
 
 def main() -> dict:
     with workdir("scale-out") as tmp, Receiver() as receiver:
-        backlog = queue_backlog(tmp, receiver)
+        backlog, _ = queue_backlog(tmp, receiver, SUBSCRIPTIONS, EVENTS)
         results = {name: drain_backlog(tmp, receiver, EVENTS, name, env, database=copy_of(backlog, name),
                                        timeout=DRAIN_TIMEOUT)
                    for name, env in RUNS.items()}
