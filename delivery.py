@@ -26,7 +26,7 @@ import signing
 from models import db
 from partner import retention
 from partner.availability import database_failed, database_outage, describe, is_unavailable
-from partner.database import probe_write, write_transaction
+from partner.database import probe_write
 from partner.operator import metrics
 from partner.outbound import ssrf, transport
 from partner.outbound.dns import Lookups
@@ -77,9 +77,8 @@ class Dispatcher:
         self.lease_ms = to_ms(self.timeout + LEASE_MARGIN_SECONDS)
         self.refill_at = max(1, min(REFILL_BATCH, self.concurrency // 2))
         self.random = random.Random()
-        # Outcomes of attempts finishing together share one transaction (engine bookkeeping: NORMAL).
-        self.outcomes = GroupCommit(lambda: write_transaction(durable=False),
-                                    lambda outcomes: write_outcomes(outcomes, self.policy))
+        # Outcomes of attempts finishing together are written at once.
+        self.outcomes = GroupCommit(lambda outcomes: write_outcomes(outcomes, self.policy))
         # The record step and its pauses between tries: seams, so a test can make it fail every time.
         self.record, self.record_pauses = self.outcomes.run, RECORD_RETRY_SECONDS
         self._free_slots = self.concurrency

@@ -45,27 +45,46 @@ def write_transaction(durable: bool = True):
     operator's command), so on SQLite its commit is fsynced (synchronous=FULL) before it returns;
     the delivery engine's own bookkeeping passes False (NORMAL: a power cut may lose it, which can
     only cause a re-send)."""
+    with _writer_turn():
+        switch = durable and is_sqlite() and db.transaction_depth() == 0  # the outermost's setting
+        try:
+            if switch:
+                db.execute_sql("PRAGMA synchronous = FULL")
+            with availability.watch_commit(), db.atomic(*["IMMEDIATE"] if is_sqlite() else []):
+                yield
+        except OperationalError as error:
+            raise _rolled_back_cause(error) from None
+        finally:
+            if switch:
+                db.execute_sql("PRAGMA synchronous = NORMAL")
+
+
+@contextmanager
+def write_statement():
+    """One statement that writes, its own transaction (autocommit, synchronous=NORMAL: the delivery
+    engine's bookkeeping), in this process's turn at the writer. No BEGIN and COMMIT around it:
+    under load each statement of a write transaction waits for the interpreter lock among the
+    delivery threads, so the turn lasted four times as long as one statement's (bench/scale_out)."""
+    with _writer_turn(), availability.watch_commit():
+        yield
+
+
+@contextmanager
+def _writer_turn():
+    """On SQLite, this process's turn at the one writer: first among its threads, then among
+    processes (writers.py). Nothing to take on PostgreSQL."""
     if not is_sqlite():
-        with availability.watch_commit(), db.atomic():
-            yield
+        yield
         return
     # The connection first: waiting for a pooled one while holding the writer lock would hold up
     # every writer of the process, and those writers hold connections.
     db.connection()
     if not _SQLITE_WRITER.acquire(timeout=WRITER_WAIT_SECONDS):
         raise availability.DatabaseBusy(f"another write held the database for over {WRITER_WAIT_SECONDS} s")
-    switch = durable and db.transaction_depth() == 0  # the setting belongs to the outermost transaction
     try:
         with writers.turn(db.database):  # other processes' writers, in turn
-            if switch:
-                db.execute_sql("PRAGMA synchronous = FULL")
-            with availability.watch_commit(), db.atomic("IMMEDIATE"):
-                yield
-    except OperationalError as error:
-        raise _rolled_back_cause(error) from None
+            yield
     finally:
-        if switch:
-            db.execute_sql("PRAGMA synchronous = NORMAL")
         _SQLITE_WRITER.release()
 
 

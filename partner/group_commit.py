@@ -1,14 +1,14 @@
-"""Group commit: the outcomes of attempts finishing together are written in one transaction.
+"""Group commit: the outcomes of attempts finishing together are written at once.
 
 An outcome must be committed before its attempt's slot is freed, and so before its delivery can be
 claimed again. Written one transaction each, the delivery threads of a process queue for SQLite's
 one writer, and a second process sleeps in SQLite's busy handler between them: the writes, not the
 work, set the pace (bench/scale_out). Here the first thread to find the writer free writes every
-outcome queued until then, in one transaction, while the others wait for it; whatever arrives
-meanwhile is written by the next one. No thread of its own and no timer: a lone outcome is written
-at once, a crowd in a few transactions.
+outcome queued until then, in one write (outbox.write_outcomes), while the others wait for it;
+whatever arrives meanwhile is written by the next one. No thread of its own and no timer: a lone
+outcome is written at once, a crowd in a few writes.
 
-A batch that fails is written again one outcome per transaction, so that one outcome the database
+A batch that fails is written again one outcome at a time, so that one outcome the database
 refuses costs the others nothing (unless the database itself is unavailable: then every caller
 gets that error at once); each caller sees its own outcome's result or error.
 """
@@ -30,10 +30,11 @@ class _Queued:
 
 
 class GroupCommit:
-    """Writes items in batches: `write(items)` returns their results, run inside `transaction()`."""
+    """Writes items in batches: `write(items)` writes them (in one transaction, or one statement)
+    and returns their results."""
 
-    def __init__(self, transaction: Callable, write: Callable[[list], list]):
-        self._transaction, self._write_items = transaction, write
+    def __init__(self, write: Callable[[list], list]):
+        self._write_items = write
         self._queue: list[_Queued] = []
         self._changed = threading.Condition()
         self._writing = False  # a thread is writing a batch
@@ -64,7 +65,7 @@ class GroupCommit:
 
     def _write(self, batch: list[_Queued]) -> None:
         try:
-            with db.connection_context(), self._transaction():
+            with db.connection_context():
                 results = self._write_items([queued.item for queued in batch])
         except Exception as error:  # noqa: BLE001 - handed to the callers, who decide
             if len(batch) > 1 and not is_unavailable(error):

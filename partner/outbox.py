@@ -16,7 +16,7 @@ from models import IS_OPEN, SQL_CONDITIONS, Delivery, Event, Failure, Subscripti
 from partner.claims import pick_due
 from partner.config import DEFAULTS
 from partner.database import (is_sqlite, keyset_page, new_id, run_sql, select_rows, value_rows,
-                               write_transaction)
+                               write_statement, write_transaction)
 from partner.errors import ApiError
 from partner.outbound.transport import AttemptResult
 from partner.retry import RetryPolicy
@@ -34,16 +34,18 @@ TEST_PING = "vc.test.ping"
 _ENQUEUE = ('INSERT INTO delivery (event_id, subscription_id, state, due_at, seq) VALUES ({p}, {p}, {p}, {p}, '
             '(SELECT COALESCE(MAX(seq), 0) + 1 FROM delivery WHERE subscription_id = {p} AND {open}))')
 # Takes the picked deliveries (claims.pick_due) that are still due and whose subscription is not
-# deleted: the pick was read before this transaction, another process may have taken one or
-# deleted its subscription since, and on PostgreSQL SKIP LOCKED passes over one it is taking. A delivery in flight whose
-# lease expired is an attempt whose outcome was never recorded: it is counted here.
+# deleted: the pick was read before this statement, another process may have taken one or deleted its
+# subscription since, and on PostgreSQL SKIP LOCKED passes over one it is taking. A delivery in flight
+# whose lease expired is an attempt whose outcome was never recorded: it is counted here. No
+# RETURNING: each row returned is one more wait for the interpreter lock while the writer is held;
+# what was taken is read afterwards by its lease token (_CLAIMED).
 _TAKE = ('UPDATE delivery SET state = {p}, due_at = {p}, lease_token = {p}, '
          'unrecorded = unrecorded + CASE WHEN {in_flight} THEN 1 ELSE 0 END WHERE event_id IN '
-         '(SELECT event_id FROM delivery WHERE event_id IN ({ids}) AND {open} AND due_at <= {p} AND {live}{lock}) '
-         'RETURNING event_id, attempts, unrecorded')
-_CLAIMED = ('SELECT e.id AS event_id, e.kind, e.body, e.created_at, s.id AS subscription_id, s.url, '
-            's.secret_key_id, s.secret_sealed, s.consecutive_failures, s.active FROM event AS e '
-            'JOIN subscription AS s ON s.id = e.subscription_id WHERE e.id IN ({ids})')
+         '(SELECT event_id FROM delivery WHERE event_id IN ({ids}) AND {open} AND due_at <= {p} AND {live}{lock})')
+_CLAIMED = ('SELECT e.id AS event_id, e.kind, e.body, d.attempts, d.unrecorded, s.id AS subscription_id, '
+            's.url, s.secret_key_id, s.secret_sealed, s.consecutive_failures, s.active FROM delivery AS d '
+            'JOIN event AS e ON e.id = d.event_id JOIN subscription AS s ON s.id = d.subscription_id '
+            'WHERE d.event_id IN ({ids}) AND d.lease_token = {p}')
 # Gives claimed deliveries back (pending, due again) or dead-letters them (dead, no due time).
 _RELEASE = ('UPDATE delivery SET state = {p}, due_at = {p}, lease_token = NULL '
             'WHERE lease_token = {p} AND event_id IN ({ids})')
@@ -53,7 +55,7 @@ _FINISH = ('UPDATE delivery SET state = {p}, attempts = {p}, due_at = {p}, lease
 # `event_id IN` first: SQLite plans a row-value IN (VALUES ...) alone as a scan of the whole table.
 _FINISH_DELIVERED = ('UPDATE delivery SET state = {p}, attempts = attempts + 1, due_at = NULL, '
                      'lease_token = NULL WHERE event_id IN ({ids}) AND (event_id, lease_token) IN (VALUES {pairs}) '
-                     'RETURNING event_id, subscription_id')
+                     'RETURNING event_id')
 _RESET_STREAKS = ('UPDATE subscription SET consecutive_failures = 0 '
                   'WHERE id IN ({ids}) AND consecutive_failures <> 0')
 _COUNT_FAILURE = ('UPDATE subscription SET consecutive_failures = consecutive_failures + 1 '
@@ -138,8 +140,8 @@ def claim_due(now_ms: int, limit: int, lease_ms: int, failing_limit: int | None 
     process. Rows not taken are not written. A delivery whose outcome went unrecorded
     MAX_UNRECORDED times is dead-lettered here instead (`not_recorded`), a failure like any other.
 
-    The choice is read before the write transaction, so the writer (SQLite's one) is held only for
-    the taking and what the attempts need. The taking re-checks that each chosen delivery is still
+    The choice is read before the taking, and what the attempts need after it, so the writer
+    (SQLite's one) is held for one statement. The taking re-checks that each chosen delivery is still
     open, due, and its subscription not deleted: what another process may have changed meanwhile."""
     if limit <= 0:
         return []
@@ -148,29 +150,41 @@ def claim_due(now_ms: int, limit: int, lease_ms: int, failing_limit: int | None 
         return []
     token = secrets.token_hex(11)  # 22 characters; a tenth of random_token's cost, once per scan
     lock = "" if is_sqlite() else " FOR UPDATE SKIP LOCKED"
+    with write_statement():
+        taken = run_sql(_TAKE, (Delivery.IN_FLIGHT, now_ms + lease_ms, token, *picked, now_ms), ids=len(picked),
+                        lock=lock, **SQL_CONDITIONS).rowcount
+    if not taken:
+        return []
+    try:
+        rows = {row["event_id"]: row for row in select_rows(_CLAIMED, (*picked, token), ids=len(picked))}
+        claims = [_claim_of(rows[event_id], token) for event_id in picked if event_id in rows]
+        settled = [claim for claim in claims if not rows[claim.event_id]["active"]
+                   or rows[claim.event_id]["unrecorded"] >= MAX_UNRECORDED]
+        if settled:
+            _settle(settled, rows, now_ms, RetryPolicy([], auto_disable_threshold))
+    except Exception:  # the taking is committed: give it back now, not when its lease ends
+        with write_statement():
+            run_sql(_RELEASE, (Delivery.PENDING, now_ms, token, *picked), ids=len(picked))
+        raise
+    return [claim for claim in claims if claim not in settled]
+
+
+def _settle(claims: list[Claim], rows: dict, now_ms: int, policy: RetryPolicy) -> None:
+    """Claims not to attempt. Of a subscription disabled while they were queued: dead-lettered, as
+    disabling does. Unrecorded MAX_UNRECORDED times: dead-lettered as a failure (`not_recorded`)."""
     with write_transaction(durable=False):
-        taken = {row["event_id"]: row for row in select_rows(
-            _TAKE, (Delivery.IN_FLIGHT, now_ms + lease_ms, token, *picked, now_ms), ids=len(picked),
-            lock=lock, **SQL_CONDITIONS)}
-        if not taken:
-            return []
-        rows = {row["event_id"]: row for row in select_rows(_CLAIMED, taken, ids=len(taken))}
-        kept = [_claim_of(rows[event_id], taken[event_id], token) for event_id in picked if event_id in taken]
-        disabled = [claim for claim in kept if not rows[claim.event_id]["active"]]
-        for claim in disabled:  # queued while it was being disabled: dead-lettered, as disabling does
-            run_sql(_RELEASE, (Delivery.DEAD, None, token, claim.event_id), ids=1)
-            _dead_letter_open(claim.subscription_id)
-        lost = [claim for claim in kept if taken[claim.event_id]["unrecorded"] >= MAX_UNRECORDED
-                and claim not in disabled]
-        for claim in lost:
-            _record_failure(claim, NEVER_RECORDED, now_ms, now_ms, RetryPolicy([], auto_disable_threshold), 0.0)
-    return [claim for claim in kept if claim not in disabled and claim not in lost]
+        for claim in claims:
+            if not rows[claim.event_id]["active"]:
+                run_sql(_RELEASE, (Delivery.DEAD, None, claim.lease_token, claim.event_id), ids=1)
+                _dead_letter_open(claim.subscription_id)
+            elif _holds_lease(claim):
+                _record_failure(claim, NEVER_RECORDED, now_ms, now_ms, policy, 0.0)
 
 
-def _claim_of(row: dict, taken: dict, token: str) -> Claim:
-    """A claim from its event and subscription row. The attempt number is written only when an
-    outcome is recorded: an attempt cut short is made again under the same number."""
-    return Claim(row["event_id"], row["kind"], bytes(row["body"]), taken["attempts"] + 1, token,
+def _claim_of(row: dict, token: str) -> Claim:
+    """A claim from its delivery, event and subscription row. The attempt number is written only
+    when an outcome is recorded: an attempt cut short is made again under the same number."""
+    return Claim(row["event_id"], row["kind"], bytes(row["body"]), row["attempts"] + 1, token,
                  row["subscription_id"], row["url"],
                  open_secret(row["subscription_id"], row["secret_key_id"], row["secret_sealed"]),
                  row["consecutive_failures"] > 0)
@@ -189,13 +203,22 @@ class Outcome:
 def write_outcomes(outcomes: list[Outcome], policy: RetryPolicy) -> list[Recorded]:
     """Record attempts whose claim's lease is still ours: a success marks the delivery delivered and
     resets the subscription's failure streak; a failure is audited, counted, and decided by `policy`
-    (next attempt, dead-letter, auto-disable). Call inside a write transaction: the dispatcher
-    writes the outcomes of attempts finishing together in one (group_commit), the successes of
-    them in two statements, so that the writer is held for less; tests step one at a time
-    (tests.support.record_attempt)."""
-    delivered = _finish_delivered([outcome.claim for outcome in outcomes if outcome.result.ok])
-    return [(Recorded(True) if outcome.claim.event_id in delivered else NOT_RECORDED) if outcome.result.ok
-            else _write_failure(outcome, policy) for outcome in outcomes]
+    (next attempt, dead-letter, auto-disable). The dispatcher writes the outcomes of attempts
+    finishing together at once (group_commit); tests step one at a time (tests.support.record_attempt).
+    Successes to subscriptions without a failure streak, the common case, are one statement; anything
+    else is one transaction."""
+    if all(outcome.result.ok and not outcome.claim.failing for outcome in outcomes):
+        with write_statement():
+            delivered = _finish_delivered([outcome.claim for outcome in outcomes])
+        return [Recorded(outcome.claim.event_id in delivered) for outcome in outcomes]
+    with write_transaction(durable=False):
+        delivered = _finish_delivered([outcome.claim for outcome in outcomes if outcome.result.ok])
+        streaks = {outcome.claim.subscription_id for outcome in outcomes
+                   if outcome.claim.event_id in delivered and outcome.claim.failing}
+        if streaks:
+            run_sql(_RESET_STREAKS, streaks, ids=len(streaks))
+        return [Recorded(outcome.claim.event_id in delivered) if outcome.result.ok
+                else _write_failure(outcome, policy) for outcome in outcomes]
 
 
 def _finish_delivered(claims: list[Claim]) -> set[str]:
@@ -205,9 +228,6 @@ def _finish_delivered(claims: list[Claim]) -> set[str]:
     pairs = [value for claim in claims for value in (claim.event_id, claim.lease_token)]
     finished = select_rows(_FINISH_DELIVERED, (Delivery.DELIVERED, *[c.event_id for c in claims], *pairs),
                            ids=len(claims), pairs=value_rows(len(claims), 2))
-    subscriptions = {row["subscription_id"] for row in finished}
-    if subscriptions:
-        run_sql(_RESET_STREAKS, subscriptions, ids=len(subscriptions))
     return {row["event_id"] for row in finished}
 
 

@@ -7,7 +7,6 @@ import threading
 import time
 from collections.abc import Callable
 
-from partner.database import write_transaction
 from partner.outbox import Outcome, Recorded, write_outcomes
 
 API = "/api/v1/partner"
@@ -165,8 +164,6 @@ class StubResolver:
 
 
 def record_attempt(claim, result, attempted_at: int, finished_at: int, policy, jitter: float) -> Recorded:
-    """Record one attempt of a claim in a transaction of its own, as the dispatcher's group commit
-    would with a batch of one."""
-    with write_transaction(durable=False):
-        [recorded] = write_outcomes([Outcome(claim, result, attempted_at, finished_at, jitter)], policy)
+    """Record one attempt of a claim, as the dispatcher's group commit would with a batch of one."""
+    [recorded] = write_outcomes([Outcome(claim, result, attempted_at, finished_at, jitter)], policy)
     return recorded

@@ -10,6 +10,7 @@ import time
 import pytest
 
 from models import Delivery, Failure, Subscription
+from partner import sealing
 from partner.outbox import MAX_UNRECORDED, claim_due, enqueue_test_ping, release
 from partner.outbound.transport import AttemptResult
 from partner.retry import RetryPolicy
@@ -163,6 +164,18 @@ def test_giving_a_claim_back_does_not_count_it_as_unrecorded(organization):
     release(claim_due(NOW, 8, LEASE), NOW)
     claim_due(NOW, 8, LEASE)
     assert Delivery.get_by_id(event_id).unrecorded == 0
+
+
+@pytest.mark.both_databases
+def test_a_claim_that_fails_after_taking_gives_its_deliveries_back(organization):
+    good, broken = subscriptions(organization("acme"), 2)
+    event_ids = [enqueue_ping(good), enqueue_ping(broken)]
+    # The secret no longer opens (sealed for another subscription): reading the claim fails.
+    Subscription.update(secret_sealed=good.secret_sealed).where(Subscription.id == broken.id).execute()
+    with pytest.raises(sealing.SealingError):
+        claim_due(NOW, 8, LEASE)
+    assert {(d.state, d.lease_token) for d in Delivery.select().where(Delivery.event << event_ids)} == {
+        ("pending", None)}  # not held until the lease ends
 
 
 class RecordRefused(Exception):

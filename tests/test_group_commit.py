@@ -1,9 +1,8 @@
-"""Fewer write transactions per delivery: the outcomes of attempts finishing together share one
-transaction (group_commit.py), each caller still getting its own result or error."""
+"""Fewer writes per delivery: the outcomes of attempts finishing together are written at once
+(group_commit.py), each caller still getting its own result or error."""
 
 import threading
 import time
-from contextlib import contextmanager
 
 import pytest
 
@@ -24,24 +23,23 @@ SAVE = ("INSERT INTO setting (name, value) VALUES ({p}, 'saved') "
 
 
 class Counted:
-    """A write transaction factory that keeps the size of each batch written in it."""
+    """A batch writer that keeps the size of each batch it writes. The first batch keeps the writer
+    `hold_first` seconds after writing, so that the others queue."""
 
-    def __init__(self, hold_first: float = 0.0):
+    def __init__(self, write_items, hold_first: float = 0.0):
+        self.write_items, self.hold_first = write_items, hold_first
         self.batches: list[int] = []
-        self.hold_first = hold_first  # seconds the first batch keeps the writer: the others queue
 
-    @contextmanager
-    def __call__(self):
-        with write_transaction(durable=False):
-            yield
-            if not self.batches and self.hold_first:
-                time.sleep(self.hold_first)
+    def __call__(self, items):
+        self.batches.append(len(items))
+        results = self.write_items(items)
+        if len(self.batches) == 1:
+            time.sleep(self.hold_first)
+        return results
 
-    def write(self, write_items):
-        def counted(items):
-            self.batches.append(len(items))
-            return write_items(items)
-        return counted
+
+def recorded_by(policy):
+    return lambda outcomes: write_outcomes(outcomes, policy)
 
 
 @pytest.mark.both_databases
@@ -49,8 +47,8 @@ def test_outcomes_finishing_together_share_transactions_and_each_caller_gets_its
     for subscription in subscriptions(organization("acme"), 20):
         enqueue_ping(subscription)
     claims = claim_due(NOW, 64, LEASE)
-    counted = Counted(hold_first=0.3)
-    group = GroupCommit(counted, counted.write(lambda outcomes: write_outcomes(outcomes, POLICY)))
+    counted = Counted(recorded_by(POLICY), hold_first=0.3)
+    group = GroupCommit(counted)
     recorded = {}
 
     def finish(claim):
@@ -70,7 +68,7 @@ def test_each_caller_gets_its_own_outcome_from_a_mixed_batch(database, organizat
         enqueue_ping(subscription)
     claims = claim_due(NOW, 64, LEASE)
     failed = {claims[1].event_id, claims[4].event_id}
-    group = GroupCommit(Counted(hold_first=0.3), lambda outcomes: write_outcomes(outcomes, POLICY))
+    group = GroupCommit(Counted(recorded_by(POLICY), hold_first=0.3))
     recorded = {}
 
     def finish(claim):
@@ -90,7 +88,7 @@ def test_a_batch_cut_short_leaves_no_caller_waiting_or_without_an_answer(databas
             raise KeyboardInterrupt  # not an Exception: it ends the writing thread's batch
         return names
 
-    group = GroupCommit(Counted(hold_first=0.3), write)
+    group = GroupCommit(Counted(write, hold_first=0.3))
     answers = {}
 
     def run(name):
@@ -113,16 +111,16 @@ def test_a_batch_cut_short_leaves_no_caller_waiting_or_without_an_answer(databas
 
 
 def test_an_item_that_fails_costs_the_others_in_its_batch_nothing(database):
-    counted = Counted(hold_first=0.3)
-
     def save(names):
-        for name in names:
-            if name == "refused":
-                raise ValueError("this one cannot be written")
-            run_sql(SAVE, (name,))
+        with write_transaction(durable=False):
+            for name in names:
+                if name == "refused":
+                    raise ValueError("this one cannot be written")
+                run_sql(SAVE, (name,))
         return names
 
-    group = GroupCommit(counted, counted.write(save))
+    counted = Counted(save, hold_first=0.3)
+    group = GroupCommit(counted)
     outcomes = {}
 
     def write(name):
@@ -144,7 +142,7 @@ def test_a_lone_outcome_is_written_at_once(database, organization):
     [subscription] = subscriptions(organization("acme"), 1)
     enqueue_ping(subscription)
     [claim] = claim_due(NOW, 64, LEASE)
-    counted = Counted()
-    group = GroupCommit(counted, counted.write(lambda outcomes: write_outcomes(outcomes, POLICY)))
+    counted = Counted(recorded_by(POLICY))
+    group = GroupCommit(counted)
     assert group.run(Outcome(claim, DELIVERED, NOW, NOW + 3)).recorded
     assert counted.batches == [1]
