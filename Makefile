@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PORT ?= 8000
 
-.PHONY: run test test-fast bench bench-quick clean
+.PHONY: run test test-fast coverage bench bench-quick clean
 
 run: $(VENV)/.installed
 	PORT=$(PORT) $(BIN)/gunicorn wsgi:app
@@ -16,6 +16,13 @@ test: $(VENV)/.installed
 # gunicorn, a browser). `make test` still runs the whole suite.
 test-fast: $(VENV)/.installed
 	$(BIN)/pytest -m "not servers"
+
+# Line coverage of the product by `make test`, the processes it starts included (.coveragerc).
+coverage: $(VENV)/.installed
+	rm -f .coverage .coverage.*
+	COVERAGE_DATA_DIR=$(CURDIR) $(BIN)/coverage run -m pytest
+	$(BIN)/coverage combine --quiet
+	$(BIN)/coverage report
 
 bench: $(VENV)/.installed
 	bash bench/setup.sh
@@ -35,4 +42,4 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt
 	touch $@
 
 clean:
-	rm -rf $(VENV) instance .pytest_cache
+	rm -rf $(VENV) instance .pytest_cache .coverage .coverage.*
