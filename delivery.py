@@ -22,16 +22,14 @@ from datetime import datetime, timedelta, timezone
 
 from apscheduler.schedulers.background import BackgroundScheduler
 
-import signing
 from models import db
 from partner import retention
 from partner.availability import database_failed, database_outage, describe, is_unavailable
 from partner.database import probe_write
-from partner.operator import metrics
-from partner.outbound import ssrf, transport
-from partner.outbound.dns import Lookups
 from partner.claims import any_due
 from partner.group_commit import GroupCommit
+from partner.operator import metrics
+from partner.outbound.sender import Sender
 from partner.outbox import Claim, Outcome, Recorded, claim_due, release, write_outcomes
 from partner.retry import MAX_JITTER, RetryPolicy
 from partner.timestamps import to_ms
@@ -39,11 +37,10 @@ from partner.timestamps import to_ms
 log = logging.getLogger(__name__)
 
 SCAN_JOB = "scan-due-deliveries"
-USER_AGENT = "PartnerWebhooks/1.0"
 # A claim outlives the longest attempt by this much before another scanner may take it over.
 LEASE_MARGIN_SECONDS = 30
 # A finished attempt refills slots once this many are free (or half of them, if fewer): one claim
-# transaction then starts several attempts, instead of one transaction per attempt under load.
+# then starts several attempts, instead of one claim per attempt under load.
 REFILL_BATCH = 8
 # A process with nothing in flight whose scan found due deliveries all waiting behind attempts of
 # other processes scans again after this long (seconds), doubling up to the poll interval, not at
@@ -56,8 +53,6 @@ SCAN_BACKOFF_SECONDS, MAX_SCAN_BACKOFF_SECONDS = 1, 60
 # An outcome that could not be written is written again after these pauses (seconds), while the
 # lease lasts, rather than the attempt being made again when the lease expires.
 RECORD_RETRY_SECONDS = (0.5, 1, 2, 4, 8)
-# What a refusal of the target at delivery time is recorded as.
-_REFUSALS = {"internal_url": "internal_url", "lookup_timeout": "timeout"}
 
 
 class Dispatcher:
@@ -65,9 +60,7 @@ class Dispatcher:
 
     def __init__(self, config):
         self.clock = config["CLOCK"]
-        self.lookups = Lookups(config["RESOLVER"], threads=max(1, config["DELIVERY_CONCURRENCY"] // 2))
-        self.transport = transport.Transport(config["DELIVERY_CA_BUNDLE"], config["DELIVERY_CONCURRENCY"])
-        self.allowed_networks = config["ALLOWED_NETWORKS"]
+        self.sender = Sender(config)
         self.timeout = config["DELIVERY_TIMEOUT"]
         self.policy = RetryPolicy(config["DELIVERY_RETRY_DELAYS"], config["AUTO_DISABLE_THRESHOLD"])
         self.concurrency = config["DELIVERY_CONCURRENCY"]
@@ -248,7 +241,7 @@ class Dispatcher:
     def attempt(self, claim: Claim) -> Recorded:
         """Make one attempt of a claimed delivery: send, record, log."""
         attempted_at = self._now_ms()
-        result = self._send(claim)
+        result = self.sender.send(claim, attempted_at)
         outcome = Outcome(claim, result, attempted_at, self._now_ms(), self.random.uniform(0, MAX_JITTER))
         recorded = self._record(outcome)
         _log_attempt(outcome, recorded)
@@ -275,26 +268,6 @@ class Dispatcher:
                         outcome, result=dataclasses.replace(outcome.result, response_excerpt=""))
                 if self._stopping.wait(pause) and is_unavailable(error):
                     raise
-
-    def _send(self, claim: Claim) -> transport.AttemptResult:
-        """Vet the target again (DNS may have changed) and POST the signed body to a vetted address,
-        all within one deadline: a lookup that does not answer in time is a timeout."""
-        deadline = transport.Deadline(self.timeout)
-        try:
-            target = ssrf.check_url(claim.url, self.lookups.within(deadline.remaining()),
-                                    self.allowed_networks)
-        except ssrf.UnsafeUrl as error:
-            kind = _REFUSALS.get(error.code, "connection_error")
-            return transport.AttemptResult(False, None, kind, "", deadline.elapsed_ms())
-        headers = {
-            "Content-Type": "application/json",
-            "User-Agent": USER_AGENT,
-            **signing.signature_headers(claim.secret, claim.body, self._now_ms()),
-            "X-VC-Event": claim.kind,
-            "X-VC-Event-Id": claim.event_id,
-            "X-VC-Attempt": str(claim.attempt),
-        }
-        return self.transport.post(target, claim.body, headers, deadline)
 
     def _now_ms(self) -> int:
         return to_ms(self.clock())
