@@ -1,13 +1,13 @@
 """api_overhead: throughput of GET /me and GET /webhooks against a bare Flask JSON endpoint served by
 the same gunicorn config, measured alternately in one run with the same wrk parameters.
 
-The service adds authentication (the API key, read from SQLite unless nothing has been committed
-since it was last read: read_cache.py), the per-organization rate limit, request ids, metrics and
-the JSON shaping; the ratio to the bare endpoint is that overhead. The worker's context switches
+The service adds authentication (the API key, read from the database on every request), the
+per-organization rate limit, request ids, metrics and the JSON shaping; the ratio to the bare
+endpoint is that overhead. The worker's context switches
 per request show what a read from SQLite costs under 8 threads: the sqlite3 module lets go of the
 interpreter lock at each step of a statement, and each let-go hands it to another thread.
 Beside them, GET /me while another process commits COMMITS_PER_SECOND times a second, as deliveries
-do: each commit makes the next request of each thread read the key again.
+do: what the engine's writes cost the API's reads.
 Without wrk (BENCH_QUICK=1 only) a Python keep-alive client stands in: its figures prove the bench
 runs, not how fast the service is, because the client saturates before the server does.
 """
