@@ -1,12 +1,13 @@
 """The durable delivery queue: enqueue events, claim due deliveries, record each attempt's outcome.
 
-Every function takes the current time as an argument. Claims are one atomic UPDATE ... RETURNING
-with a lease; HTTP happens outside any transaction; finishing is a second short write that only
-counts if the lease is still ours.
+Every function takes the current time as an argument. A claim is one short write transaction that
+takes deliveries under a lease and reads what their attempts need; HTTP happens outside any
+transaction; recording an outcome is a second short write that only counts if the lease is still ours.
 """
 
 import hmac
 import json
+import logging
 import secrets
 import time
 import uuid
@@ -20,9 +21,11 @@ from partner.database import (is_sqlite, keyset_page, new_id, run_sql, select_ro
 from partner.errors import ApiError
 from partner.outbound.transport import AttemptResult
 from partner.retry import RetryPolicy
-from partner.sealing import open_secret
+from partner.sealing import SealingError, open_secret
 from partner.subscriptions import find_subscription
 from partner.timestamps import iso
+
+log = logging.getLogger(__name__)
 
 TEST_PING = "vc.test.ping"
 
@@ -36,9 +39,8 @@ _ENQUEUE = ('INSERT INTO delivery (event_id, subscription_id, state, due_at, seq
 # Takes the picked deliveries (claims.pick_due) that are still due and whose subscription is not
 # deleted: the pick was read before this statement, another process may have taken one or deleted its
 # subscription since, and on PostgreSQL SKIP LOCKED passes over one it is taking. A delivery in flight
-# whose lease expired is an attempt whose outcome was never recorded: it is counted here. No
-# RETURNING: each row returned is one more wait for the interpreter lock while the writer is held;
-# what was taken is read afterwards by its lease token (_CLAIMED).
+# whose lease expired is an attempt whose outcome was never recorded: it is counted here. What was
+# taken is read next, in the same transaction, by its lease token (_CLAIMED).
 _TAKE = ('UPDATE delivery SET state = {p}, due_at = {p}, lease_token = {p}, '
          'unrecorded = unrecorded + CASE WHEN {in_flight} THEN 1 ELSE 0 END WHERE event_id IN '
          '(SELECT event_id FROM delivery WHERE event_id IN ({ids}) AND {open} AND due_at <= {p} AND {live}{lock})')
@@ -46,16 +48,18 @@ _CLAIMED = ('SELECT e.id AS event_id, e.kind, e.body, d.attempts, d.unrecorded, 
             's.url, s.secret_key_id, s.secret_sealed, s.consecutive_failures, s.active FROM delivery AS d '
             'JOIN event AS e ON e.id = d.event_id JOIN subscription AS s ON s.id = d.subscription_id '
             'WHERE d.event_id IN ({ids}) AND d.lease_token = {p}')
-# Gives claimed deliveries back (pending, due again) or dead-letters them (dead, no due time).
 _RELEASE = ('UPDATE delivery SET state = {p}, due_at = {p}, lease_token = NULL '
-            'WHERE lease_token = {p} AND event_id IN ({ids})')
+            'WHERE lease_token = {p} AND event_id = {p} AND {in_flight}')
 _FINISH = ('UPDATE delivery SET state = {p}, attempts = {p}, due_at = {p}, lease_token = NULL '
            'WHERE event_id = {p} AND lease_token = {p}')
 # The attempt number is the one the claim read plus one, as _claim_of counts it: the lease kept it.
 # `event_id IN` first: SQLite plans a row-value IN (VALUES ...) alone as a scan of the whole table.
+# Each subscription's failure streak is read by the same statement, so a failure recorded before it
+# (another delivery's, whose lease had expired) is reset, and one recorded after it is not.
 _FINISH_DELIVERED = ('UPDATE delivery SET state = {p}, attempts = attempts + 1, due_at = NULL, '
                      'lease_token = NULL WHERE event_id IN ({ids}) AND (event_id, lease_token) IN (VALUES {pairs}) '
-                     'RETURNING event_id')
+                     'RETURNING event_id, subscription_id, (SELECT consecutive_failures FROM subscription '
+                     'WHERE subscription.id = delivery.subscription_id) AS streak')
 _RESET_STREAKS = ('UPDATE subscription SET consecutive_failures = 0 '
                   'WHERE id IN ({ids}) AND consecutive_failures <> 0')
 _COUNT_FAILURE = ('UPDATE subscription SET consecutive_failures = consecutive_failures + 1 '
@@ -73,7 +77,7 @@ class Claim:
     subscription_id: str
     url: str
     secret: str = field(repr=False)  # a repr may reach a log line or a traceback
-    failing: bool = False  # the subscription's last attempt failed (consecutive_failures > 0)
+    failing: bool = False  # when claimed, the subscription's last attempt had failed: a failing slot
     # When the lease began, on time.monotonic: the outcome must be written before it ends.
     claimed_at: float = field(default_factory=time.monotonic)
 
@@ -136,13 +140,14 @@ def claim_due(now_ms: int, limit: int, lease_ms: int, failing_limit: int | None 
     """Claim up to `limit` due deliveries (pending and due, or in flight with an expired lease)
     for `lease_ms`, chosen by claims.pick_due: each subscription's oldest, at most one per subscription,
     slots shared among organizations, at most `failing_limit` (None: any number) to subscriptions
-    whose last attempt failed. Atomic: a due delivery is claimed by exactly one caller, in any
-    process. Rows not taken are not written. A delivery whose outcome went unrecorded
-    MAX_UNRECORDED times is dead-lettered here instead (`not_recorded`), a failure like any other.
+    whose last attempt failed. A due delivery is claimed by exactly one caller, in any process.
+    Rows not taken are not written.
 
-    The choice is read before the taking, and what the attempts need after it, so the writer
-    (SQLite's one) is held for one statement. The taking re-checks that each chosen delivery is still
-    open, due, and its subscription not deleted: what another process may have changed meanwhile."""
+    The choice is read first; then one write transaction takes the chosen deliveries that are still
+    open, due, and of a subscription not deleted (what another process may have changed meanwhile),
+    reads what their attempts need, and settles those not to attempt (_attemptable). A failure
+    anywhere rolls it all back: nothing is taken that no attempt was made for, so nothing is counted
+    as unrecorded that was never sent."""
     if limit <= 0:
         return []
     picked = pick_due(now_ms, limit, failing_limit)
@@ -150,35 +155,39 @@ def claim_due(now_ms: int, limit: int, lease_ms: int, failing_limit: int | None 
         return []
     token = secrets.token_hex(11)  # 22 characters; a tenth of random_token's cost, once per scan
     lock = "" if is_sqlite() else " FOR UPDATE SKIP LOCKED"
-    with write_statement():
+    with write_transaction(durable=False):
         taken = run_sql(_TAKE, (Delivery.IN_FLIGHT, now_ms + lease_ms, token, *picked, now_ms), ids=len(picked),
                         lock=lock, **SQL_CONDITIONS).rowcount
-    if not taken:
-        return []
-    try:
+        if not taken:
+            return []
         rows = {row["event_id"]: row for row in select_rows(_CLAIMED, (*picked, token), ids=len(picked))}
-        claims = [_claim_of(rows[event_id], token) for event_id in picked if event_id in rows]
-        settled = [claim for claim in claims if not rows[claim.event_id]["active"]
-                   or rows[claim.event_id]["unrecorded"] >= MAX_UNRECORDED]
-        if settled:
-            _settle(settled, rows, now_ms, RetryPolicy([], auto_disable_threshold))
-    except Exception:  # the taking is committed: give it back now, not when its lease ends
-        with write_statement():
-            run_sql(_RELEASE, (Delivery.PENDING, now_ms, token, *picked), ids=len(picked))
-        raise
-    return [claim for claim in claims if claim not in settled]
+        return _attemptable([rows[event_id] for event_id in picked if event_id in rows], token,
+                            now_ms, lease_ms, RetryPolicy([], auto_disable_threshold))
 
 
-def _settle(claims: list[Claim], rows: dict, now_ms: int, policy: RetryPolicy) -> None:
-    """Claims not to attempt. Of a subscription disabled while they were queued: dead-lettered, as
-    disabling does. Unrecorded MAX_UNRECORDED times: dead-lettered as a failure (`not_recorded`)."""
-    with write_transaction(durable=False):
-        for claim in claims:
-            if not rows[claim.event_id]["active"]:
-                run_sql(_RELEASE, (Delivery.DEAD, None, claim.lease_token, claim.event_id), ids=1)
-                _dead_letter_open(claim.subscription_id)
-            elif _holds_lease(claim):
-                _record_failure(claim, NEVER_RECORDED, now_ms, now_ms, policy, 0.0)
+def _attemptable(rows: list[dict], token: str, now_ms: int, lease_ms: int, policy: RetryPolicy) -> list[Claim]:
+    """The claims to attempt among the rows taken under `token`. The others are settled in the
+    claim's transaction: of a subscription disabled while they were queued, dead-lettered as disabling
+    does; with a secret this process cannot open (sealed under a key it lacks: another process's
+    configuration), given back uncounted until the lease would have ended, and logged; unrecorded
+    MAX_UNRECORDED times, dead-lettered as a failure (`not_recorded`)."""
+    claims = []
+    for row in rows:
+        if not row["active"]:
+            _release(token, row["event_id"], Delivery.DEAD, None)
+            _dead_letter_open(row["subscription_id"])
+            continue
+        try:
+            claim = _claim_of(row, token)
+        except SealingError as error:
+            log.error("delivery of %s not attempted: %s", row["event_id"], error)
+            _release(token, row["event_id"], Delivery.PENDING, now_ms + lease_ms)
+            continue
+        if row["unrecorded"] >= MAX_UNRECORDED:
+            _record_failure(claim, NEVER_RECORDED, now_ms, now_ms, policy, 0.0)
+        else:
+            claims.append(claim)
+    return claims
 
 
 def _claim_of(row: dict, token: str) -> Claim:
@@ -205,30 +214,31 @@ def write_outcomes(outcomes: list[Outcome], policy: RetryPolicy) -> list[Recorde
     resets the subscription's failure streak; a failure is audited, counted, and decided by `policy`
     (next attempt, dead-letter, auto-disable). The dispatcher writes the outcomes of attempts
     finishing together at once (group_commit); tests step one at a time (tests.support.record_attempt).
-    Successes to subscriptions without a failure streak, the common case, are one statement; anything
-    else is one transaction."""
-    if all(outcome.result.ok and not outcome.claim.failing for outcome in outcomes):
+    Successes alone, the common case, are one statement (two when a streak is reset), each its own
+    transaction; anything else is one transaction."""
+    if all(outcome.result.ok for outcome in outcomes):
         with write_statement():
-            delivered = _finish_delivered([outcome.claim for outcome in outcomes])
-        return [Recorded(outcome.claim.event_id in delivered) for outcome in outcomes]
+            return [Recorded(delivered) for delivered in _write_successes(outcomes)]
     with write_transaction(durable=False):
-        delivered = _finish_delivered([outcome.claim for outcome in outcomes if outcome.result.ok])
-        streaks = {outcome.claim.subscription_id for outcome in outcomes
-                   if outcome.claim.event_id in delivered and outcome.claim.failing}
-        if streaks:
-            run_sql(_RESET_STREAKS, streaks, ids=len(streaks))
-        return [Recorded(outcome.claim.event_id in delivered) if outcome.result.ok
-                else _write_failure(outcome, policy) for outcome in outcomes]
+        delivered = iter(_write_successes([outcome for outcome in outcomes if outcome.result.ok]))
+        return [Recorded(next(delivered)) if outcome.result.ok else _write_failure(outcome, policy)
+                for outcome in outcomes]
 
 
-def _finish_delivered(claims: list[Claim]) -> set[str]:
-    """Mark delivered each claimed delivery whose lease is still ours; their event ids."""
-    if not claims:
-        return set()
+def _write_successes(outcomes: list[Outcome]) -> list[bool]:
+    """Mark delivered each success whose lease is still ours, and reset the failure streak of their
+    subscriptions that have one; whether each was recorded."""
+    if not outcomes:
+        return []
+    claims = [outcome.claim for outcome in outcomes]
     pairs = [value for claim in claims for value in (claim.event_id, claim.lease_token)]
     finished = select_rows(_FINISH_DELIVERED, (Delivery.DELIVERED, *[c.event_id for c in claims], *pairs),
                            ids=len(claims), pairs=value_rows(len(claims), 2))
-    return {row["event_id"] for row in finished}
+    streaks = {row["subscription_id"] for row in finished if row["streak"]}
+    if streaks:
+        run_sql(_RESET_STREAKS, streaks, ids=len(streaks))
+    delivered = {row["event_id"] for row in finished}
+    return [claim.event_id in delivered for claim in claims]
 
 
 def _write_failure(outcome: Outcome, policy: RetryPolicy) -> Recorded:
@@ -259,12 +269,13 @@ def _record_failure(claim: Claim, result: AttemptResult, attempted_at: int, fini
 def release(claims: list[Claim], now_ms: int) -> int:
     """Give back claims that will not be attempted (the process is stopping): pending and due now,
     the attempt not counted, so another process (or this one restarted) takes them at once."""
-    released = 0
     with write_transaction(durable=False):
-        for claim in claims:
-            released += run_sql(_RELEASE, (Delivery.PENDING, now_ms, claim.lease_token, claim.event_id),
-                                ids=1).rowcount
-    return released
+        return sum(_release(claim.lease_token, claim.event_id, Delivery.PENDING, now_ms) for claim in claims)
+
+
+def _release(lease_token: str, event_id: str, state: str, due_at: int | None) -> int:
+    """Give back a claimed delivery (pending, due again) or dead-letter it (dead, no due time)."""
+    return run_sql(_RELEASE, (state, due_at, lease_token, event_id), **SQL_CONDITIONS).rowcount
 
 
 def failures_page(subscription: Subscription, position: list | None, limit: int):

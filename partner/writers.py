@@ -9,7 +9,7 @@ turn too, so that one process at a time opens a new file (switching it to WAL) a
 migrations while the others wait.
 
 POSIX locks belong to a process: a forked worker never shares its parent's, and the threads of one
-process must take turns among themselves first (database.write_transaction holds its lock around
+process must take turns among themselves first (database._writer_turn holds its lock around
 turn(); models.open_database takes its turn before the process starts a thread). Anything else
 writing to the file (the sqlite3 shell) still meets the busy handler.
 """

@@ -6,11 +6,11 @@ import os
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from models import Delivery, Failure, Subscription
-from partner import sealing
+from models import Delivery, Failure, Subscription, db
 from partner.outbox import MAX_UNRECORDED, claim_due, enqueue_test_ping, release
 from partner.outbound.transport import AttemptResult
 from partner.retry import RetryPolicy
@@ -166,16 +166,65 @@ def test_giving_a_claim_back_does_not_count_it_as_unrecorded(organization):
     assert Delivery.get_by_id(event_id).unrecorded == 0
 
 
+def expired_and_next(subscription) -> tuple:
+    """Two claims of one subscription that both still hold their lease: the first's has expired
+    (not claimed again yet), and the second is a ping queued before it expired, so claimed first."""
+    enqueue_ping(subscription)
+    [expired] = claim_due(NOW, 8, LEASE)
+    queued = enqueue_ping(subscription, NOW + 1)
+    [claim] = claim_due(NOW + LEASE + 1, 8, LEASE)
+    assert claim.event_id == queued
+    return expired, claim
+
+
+def test_giving_back_a_claim_dead_lettered_meanwhile_leaves_it_dead(organization):
+    late, claim = expired_and_next(subscriptions(organization("acme"), 1)[0])
+    record_attempt(late, AttemptResult(False, 500, "http_status", "", 1), NOW, NOW + LEASE + 2,
+                   RetryPolicy([60], 1), jitter=0)  # auto-disables: every open delivery dead-lettered
+    assert release([claim], NOW + LEASE + 3) == 0
+    assert Delivery.get_by_id(claim.event_id).state == "dead"
+
+
 @pytest.mark.both_databases
-def test_a_claim_that_fails_after_taking_gives_its_deliveries_back(organization):
+def test_a_secret_that_does_not_open_holds_back_its_delivery_alone(organization, caplog):
     good, broken = subscriptions(organization("acme"), 2)
     event_ids = [enqueue_ping(good), enqueue_ping(broken)]
-    # The secret no longer opens (sealed for another subscription): reading the claim fails.
+    # The secret no longer opens (sealed for another subscription), as under a key this process lacks.
     Subscription.update(secret_sealed=good.secret_sealed).where(Subscription.id == broken.id).execute()
-    with pytest.raises(sealing.SealingError):
-        claim_due(NOW, 8, LEASE)
-    assert {(d.state, d.lease_token) for d in Delivery.select().where(Delivery.event << event_ids)} == {
-        ("pending", None)}  # not held until the lease ends
+    assert [claim.event_id for claim in claim_due(NOW, 8, LEASE)] == event_ids[:1]
+    held_back = Delivery.get_by_id(event_ids[1])
+    assert (held_back.state, held_back.lease_token, held_back.due_at, held_back.unrecorded) == (
+        "pending", None, NOW + LEASE, 0)  # not counted: nothing was sent
+    assert f"delivery of {event_ids[1]} not attempted" in caplog.text
+    assert broken.secret not in caplog.text
+
+
+@pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
+def test_a_claim_cut_off_between_taking_and_reading_takes_nothing(organization):
+    [subscription] = subscriptions(organization("acme"), 1)
+    event_id = enqueue_ping(subscription)
+    with ThreadPoolExecutor(1) as claimer:
+        with db.atomic():  # the claim's read of the event waits for this lock; its backend is then ended
+            db.execute_sql("LOCK TABLE event IN ACCESS EXCLUSIVE MODE")
+            claiming = claimer.submit(claim_due, NOW, 8, LEASE)
+            db.execute_sql("SELECT pg_terminate_backend(%s)", (waiting_for_a_lock(),))
+        with pytest.raises(Exception):  # noqa: B017 - whatever the driver makes of a lost connection
+            claiming.result(timeout=10)
+    delivery = Delivery.get_by_id(event_id)
+    assert (delivery.state, delivery.lease_token, delivery.unrecorded) == ("pending", None, 0)
+
+
+def waiting_for_a_lock() -> int:
+    """The process id of the one PostgreSQL backend waiting for a lock, once it waits."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        db.execute_sql("SELECT pg_stat_clear_snapshot()")  # else a transaction sees the same activity
+        rows = db.execute_sql("SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock'").fetchall()
+        if rows:
+            [(pid,)] = rows
+            return pid
+        time.sleep(0.01)
+    raise AssertionError("no backend waits for a lock")
 
 
 class RecordRefused(Exception):

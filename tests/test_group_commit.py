@@ -6,14 +6,14 @@ import time
 
 import pytest
 
-from models import Delivery
+from models import Delivery, Subscription
 from partner.database import run_sql, select_rows, write_transaction
 from partner.group_commit import GroupCommit
 from partner.outbox import Outcome, claim_due, write_outcomes
 from partner.outbound.transport import AttemptResult
 from partner.retry import RetryPolicy
 from tests.support import run_together
-from tests.test_fair_claims import LEASE, NOW, enqueue_ping, subscriptions
+from tests.test_fair_claims import LEASE, NOW, enqueue_ping, expired_and_next, subscriptions
 
 POLICY = RetryPolicy([60], 20)
 DELIVERED = AttemptResult(True, 200, None, "", 3)
@@ -43,7 +43,7 @@ def recorded_by(policy):
 
 
 @pytest.mark.both_databases
-def test_outcomes_finishing_together_share_transactions_and_each_caller_gets_its_own(database, organization):
+def test_outcomes_finishing_together_are_written_together_and_each_caller_gets_its_own(database, organization):
     for subscription in subscriptions(organization("acme"), 20):
         enqueue_ping(subscription)
     claims = claim_due(NOW, 64, LEASE)
@@ -146,3 +146,13 @@ def test_a_lone_outcome_is_written_at_once(database, organization):
     group = GroupCommit(counted)
     assert group.run(Outcome(claim, DELIVERED, NOW, NOW + 3)).recorded
     assert counted.batches == [1]
+
+
+@pytest.mark.both_databases
+def test_a_success_resets_a_streak_counted_after_its_claim(database, organization):
+    [subscription] = subscriptions(organization("acme"), 1)
+    late, claim = expired_and_next(subscription)
+    assert not claim.failing
+    write_outcomes([Outcome(late, FAILED, NOW, NOW + LEASE + 2)], POLICY)  # its lease not taken yet: counted
+    assert [r.recorded for r in write_outcomes([Outcome(claim, DELIVERED, NOW, NOW + LEASE + 3)], POLICY)] == [True]
+    assert Subscription.get_by_id(subscription.id).consecutive_failures == 0
