@@ -6,8 +6,10 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from models import db, open_database
-from partner.database import run_sql, select_rows, write_transaction
+from partner.database import run_sql, select_rows, write_statement, write_transaction
 from tests.test_group_commit import SAVE
 
 HOLD_THE_WRITER_LOCK = """
@@ -32,11 +34,13 @@ def waited_behind_another_process(path: str, act) -> float:
         holder.wait(timeout=10)
 
 
-def test_a_writer_waits_its_turn_behind_another_process_holding_the_writer_lock(database):
+@pytest.mark.parametrize("writes", [write_transaction, write_statement])
+def test_a_writer_waits_its_turn_behind_another_process_holding_the_writer_lock(database, writes):
     """Another process's turn to write (the lock file) holds this one's write until it ends: the
-    process is woken when the lock is released, not on SQLite's busy handler's next try."""
+    process is woken when the lock is released, not on SQLite's busy handler's next try. A
+    transaction or statements each their own (the delivery engine's successes) alike."""
     def write():
-        with write_transaction():
+        with writes():
             run_sql(SAVE, ("after the other process",))
     assert waited_behind_another_process(db.database, write) >= 0.4
     assert select_rows("SELECT value FROM setting WHERE name = 'after the other process'", ()) == [
