@@ -109,10 +109,9 @@ def database_failed(error: BaseException) -> None:
 
 @contextmanager
 def watch_commit():
-    """Wrap one outermost write transaction (outside its BEGIN and COMMIT), or statements each its
-    own transaction (database.write_statement): once one has committed, a database outage ends.
-    On SQLite only if it wrote: a commit with nothing to write succeeds on a full disk. On
-    PostgreSQL any commit: its outages are a server that does not answer."""
+    """Wrap one outermost write transaction (outside its BEGIN and COMMIT): once it has committed,
+    a database outage ends. On SQLite only if it wrote: a commit with nothing to write succeeds on a
+    full disk. On PostgreSQL any commit: its outages are a server that does not answer."""
     if not database_outage.active or db.transaction_depth() > 0:
         yield
         return

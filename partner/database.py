@@ -1,5 +1,5 @@
-"""Database access beside the models: writes in turn (a transaction, or statements each its own),
-hand-written SQL of the hot paths, keyset pages, and the identifiers rows are stored under."""
+"""Database access beside the models: write transactions in turn, hand-written SQL of the hot paths,
+keyset pages, and the identifiers rows are stored under."""
 
 import secrets
 import string
@@ -57,17 +57,6 @@ def write_transaction(durable: bool = True):
         finally:
             if switch:
                 db.execute_sql("PRAGMA synchronous = NORMAL")
-
-
-@contextmanager
-def write_statement():
-    """Statements that write, each its own transaction (autocommit; on SQLite synchronous=NORMAL:
-    the delivery engine's bookkeeping), in this process's turn at the writer. No BEGIN and COMMIT
-    around them: under load each statement of a write transaction waits for the interpreter lock
-    among the delivery threads, so the turn lasted four times as long as one statement's
-    (bench/scale_out)."""
-    with _writer_turn(), availability.watch_commit():
-        yield
 
 
 @contextmanager

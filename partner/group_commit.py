@@ -30,8 +30,8 @@ class _Queued:
 
 
 class GroupCommit:
-    """Writes items in batches: `write(items)` writes them (in one transaction, or one statement)
-    and returns their results."""
+    """Writes items in batches: `write(items)` writes them in one transaction and returns their
+    results."""
 
     def __init__(self, write: Callable[[list], list]):
         self._write_items = write

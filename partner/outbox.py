@@ -16,8 +16,7 @@ from dataclasses import dataclass, field
 from models import IS_OPEN, SQL_CONDITIONS, Delivery, Event, Failure, Subscription
 from partner.claims import pick_due
 from partner.config import DEFAULTS
-from partner.database import (is_sqlite, keyset_page, new_id, run_sql, select_rows, value_rows,
-                               write_statement, write_transaction)
+from partner.database import is_sqlite, keyset_page, new_id, run_sql, select_rows, value_rows, write_transaction
 from partner.errors import ApiError
 from partner.outbound.transport import AttemptResult
 from partner.retry import RetryPolicy
@@ -54,8 +53,8 @@ _FINISH = ('UPDATE delivery SET state = {p}, attempts = {p}, due_at = {p}, lease
            'WHERE event_id = {p} AND lease_token = {p}')
 # The attempt number is the one the claim read plus one, as _claim_of counts it: the lease kept it.
 # `event_id IN` first: SQLite plans a row-value IN (VALUES ...) alone as a scan of the whole table.
-# Each subscription's failure streak is read by the same statement, so a failure recorded before it
-# (another delivery's, whose lease had expired) is reset, and one recorded after it is not.
+# Each subscription's failure streak is read by the same statement, not taken from the claim: a
+# failure recorded since the claim (another delivery's, whose lease had expired) is reset too.
 _FINISH_DELIVERED = ('UPDATE delivery SET state = {p}, attempts = attempts + 1, due_at = NULL, '
                      'lease_token = NULL WHERE event_id IN ({ids}) AND (event_id, lease_token) IN (VALUES {pairs}) '
                      'RETURNING event_id, subscription_id, (SELECT consecutive_failures FROM subscription '
@@ -213,12 +212,9 @@ def write_outcomes(outcomes: list[Outcome], policy: RetryPolicy) -> list[Recorde
     """Record attempts whose claim's lease is still ours: a success marks the delivery delivered and
     resets the subscription's failure streak; a failure is audited, counted, and decided by `policy`
     (next attempt, dead-letter, auto-disable). The dispatcher writes the outcomes of attempts
-    finishing together at once (group_commit); tests step one at a time (tests.support.record_attempt).
-    Successes alone, the common case, are one statement (two when a streak is reset), each its own
-    transaction; anything else is one transaction."""
-    if all(outcome.result.ok for outcome in outcomes):
-        with write_statement():
-            return [Recorded(delivered) for delivered in _write_successes(outcomes)]
+    finishing together at once (group_commit), in one transaction: a streak reset commits with its
+    success, or neither does and the write can be made again while the lease lasts. Tests step one
+    at a time (tests.support.record_attempt)."""
     with write_transaction(durable=False):
         delivered = iter(_write_successes([outcome for outcome in outcomes if outcome.result.ok]))
         return [Recorded(next(delivered)) if outcome.result.ok else _write_failure(outcome, policy)

@@ -91,6 +91,13 @@ def test_a_sealed_secret_moved_onto_another_subscription_does_not_open(app, auth
             Subscription.get_by_id(second).secret
 
 
+@pytest.mark.parametrize("sealed", [b"", b"\0" * 5])
+def test_a_sealed_secret_cut_short_does_not_open(sealed):
+    ring = sealing.keyring_of([sealing.new_key()])
+    with pytest.raises(sealing.SealingError):
+        ring.open("wh_cut", ring.sealing_id, sealed)
+
+
 def test_new_key_prints_32_random_bytes_base64url(app):
     keys = {app.test_cli_runner().invoke(args=["encryption", "new-key"]).stdout.splitlines()[-1]
             for _ in range(2)}

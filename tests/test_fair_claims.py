@@ -177,6 +177,7 @@ def expired_and_next(subscription) -> tuple:
     return expired, claim
 
 
+@pytest.mark.both_databases
 def test_giving_back_a_claim_dead_lettered_meanwhile_leaves_it_dead(organization):
     late, claim = expired_and_next(subscriptions(organization("acme"), 1)[0])
     record_attempt(late, AttemptResult(False, 500, "http_status", "", 1), NOW, NOW + LEASE + 2,

@@ -6,10 +6,8 @@ import subprocess
 import sys
 import time
 
-import pytest
-
 from models import db, open_database
-from partner.database import run_sql, select_rows, write_statement, write_transaction
+from partner.database import run_sql, select_rows, write_transaction
 from tests.test_group_commit import SAVE
 
 HOLD_THE_WRITER_LOCK = """
@@ -34,13 +32,11 @@ def waited_behind_another_process(path: str, act) -> float:
         holder.wait(timeout=10)
 
 
-@pytest.mark.parametrize("writes", [write_transaction, write_statement])
-def test_a_writer_waits_its_turn_behind_another_process_holding_the_writer_lock(database, writes):
+def test_a_writer_waits_its_turn_behind_another_process_holding_the_writer_lock(database):
     """Another process's turn to write (the lock file) holds this one's write until it ends: the
-    process is woken when the lock is released, not on SQLite's busy handler's next try. A
-    transaction or statements each their own (the delivery engine's successes) alike."""
+    process is woken when the lock is released, not on SQLite's busy handler's next try."""
     def write():
-        with writes():
+        with write_transaction():
             run_sql(SAVE, ("after the other process",))
     assert waited_behind_another_process(db.database, write) >= 0.4
     assert select_rows("SELECT value FROM setting WHERE name = 'after the other process'", ()) == [
