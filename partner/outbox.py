@@ -49,6 +49,9 @@ _CLAIMED = ('SELECT e.id AS event_id, e.kind, e.body, d.attempts, d.unrecorded, 
             'WHERE d.event_id IN ({ids}) AND d.lease_token = {p}')
 _RELEASE = ('UPDATE delivery SET state = {p}, due_at = {p}, lease_token = NULL '
             'WHERE lease_token = {p} AND event_id = {p} AND {in_flight}')
+# A subscription whose secret this process cannot open: its pending deliveries wait with the one given
+# back, or each scan would take (and log) the next.
+_POSTPONE = "UPDATE delivery SET due_at = {p} WHERE subscription_id = {p} AND state = 'pending' AND due_at < {p}"
 _FINISH = ('UPDATE delivery SET state = {p}, attempts = {p}, due_at = {p}, lease_token = NULL '
            'WHERE event_id = {p} AND lease_token = {p}')
 # The attempt number is the one the claim read plus one, as _claim_of counts it: the lease kept it.
@@ -168,8 +171,9 @@ def _attemptable(rows: list[dict], token: str, now_ms: int, lease_ms: int, polic
     """The claims to attempt among the rows taken under `token`. The others are settled in the
     claim's transaction: of a subscription disabled while they were queued, dead-lettered as disabling
     does; with a secret this process cannot open (sealed under a key it lacks: another process's
-    configuration), given back uncounted until the lease would have ended, and logged; unrecorded
-    MAX_UNRECORDED times, dead-lettered as a failure (`not_recorded`)."""
+    configuration), given back uncounted and logged, its subscription's pending deliveries due no
+    sooner than the lease would have ended; unrecorded MAX_UNRECORDED times, dead-lettered as a
+    failure (`not_recorded`)."""
     claims = []
     for row in rows:
         if not row["active"]:
@@ -181,6 +185,7 @@ def _attemptable(rows: list[dict], token: str, now_ms: int, lease_ms: int, polic
         except SealingError as error:
             log.error("delivery of %s not attempted: %s", row["event_id"], error)
             _release(token, row["event_id"], Delivery.PENDING, now_ms + lease_ms)
+            run_sql(_POSTPONE, (now_ms + lease_ms, row["subscription_id"], now_ms + lease_ms))
             continue
         if row["unrecorded"] >= MAX_UNRECORDED:
             _record_failure(claim, NEVER_RECORDED, now_ms, now_ms, policy, 0.0)

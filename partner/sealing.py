@@ -48,7 +48,7 @@ class Keyring:
         sealed = bytes(sealed)
         try:
             return cipher.decrypt(sealed[:NONCE_BYTES], sealed[NONCE_BYTES:], subscription_id.encode()).decode()
-        except (InvalidTag, ValueError):  # ValueError: a value cut short (no whole nonce)
+        except (InvalidTag, ValueError):  # ValueError: a value too short to hold a nonce
             raise SealingError(f"the secret of {subscription_id} does not open under key id {key_id}") from None
 
 

@@ -7,6 +7,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from models import db
 from partner.outbox import Outcome, Recorded, write_outcomes
 
 API = "/api/v1/partner"
@@ -167,3 +168,13 @@ def record_attempt(claim, result, attempted_at: int, finished_at: int, policy, j
     """Record one attempt of a claim, as the dispatcher's group commit would with a batch of one."""
     [recorded] = write_outcomes([Outcome(claim, result, attempted_at, finished_at, jitter)], policy)
     return recorded
+
+
+def refuse_in_sqlite(event: str) -> None:
+    """Make the SQLite database itself refuse `event` ("INSERT ON failure"): a write that fails for
+    real, inside whatever transaction it is part of. Until allow_in_sqlite()."""
+    db.execute_sql(f"CREATE TRIGGER refused BEFORE {event} BEGIN SELECT RAISE(ABORT, 'refused'); END")
+
+
+def allow_in_sqlite() -> None:
+    db.execute_sql("DROP TRIGGER refused")

@@ -9,6 +9,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from peewee import IntegrityError
 
 from models import Delivery, Failure, Subscription, db
 from partner.outbox import MAX_UNRECORDED, claim_due, enqueue_test_ping, release
@@ -16,7 +17,7 @@ from partner.outbound.transport import AttemptResult
 from partner.retry import RetryPolicy
 from partner.subscriptions import create_subscription
 from tests.receivers import hang
-from tests.support import record_attempt
+from tests.support import record_attempt, refuse_in_sqlite
 
 NOW = 1_800_000_000_123
 LEASE = 40_000
@@ -187,16 +188,18 @@ def test_giving_back_a_claim_dead_lettered_meanwhile_leaves_it_dead(organization
 
 
 @pytest.mark.both_databases
-def test_a_secret_that_does_not_open_holds_back_its_delivery_alone(organization, caplog):
+def test_a_secret_that_does_not_open_holds_back_its_subscription_alone(organization, caplog):
     good, broken = subscriptions(organization("acme"), 2)
-    event_ids = [enqueue_ping(good), enqueue_ping(broken)]
+    sent = enqueue_ping(good)
+    held = [enqueue_ping(broken) for _ in range(3)]
     # The secret no longer opens (sealed for another subscription), as under a key this process lacks.
     Subscription.update(secret_sealed=good.secret_sealed).where(Subscription.id == broken.id).execute()
-    assert [claim.event_id for claim in claim_due(NOW, 8, LEASE)] == event_ids[:1]
-    held_back = Delivery.get_by_id(event_ids[1])
-    assert (held_back.state, held_back.lease_token, held_back.due_at, held_back.unrecorded) == (
-        "pending", None, NOW + LEASE, 0)  # not counted: nothing was sent
-    assert f"delivery of {event_ids[1]} not attempted" in caplog.text
+    assert [claim.event_id for claim in claim_due(NOW, 8, LEASE)] == [sent]
+    assert claim_due(NOW + 1, 8, LEASE) == []  # the next scan does not take the next one
+    assert {(d.state, d.lease_token, d.due_at, d.unrecorded) for d in Delivery.select().where(Delivery.event << held)} == {
+        ("pending", None, NOW + LEASE, 0)}  # not counted: nothing was sent
+    assert caplog.text.count("not attempted") == 1
+    assert f"delivery of {held[0]} not attempted" in caplog.text
     assert broken.secret not in caplog.text
 
 
@@ -226,6 +229,19 @@ def waiting_for_a_lock() -> int:
             return pid
         time.sleep(0.01)
     raise AssertionError("no backend waits for a lock")
+
+
+def test_a_claim_that_fails_while_settling_takes_nothing(organization):
+    [subscription] = subscriptions(organization("acme"), 1)
+    event_id = enqueue_ping(subscription)
+    for lost in range(MAX_UNRECORDED):  # claimed, and the outcome never written
+        claim_due(NOW + lost * LEASE, 8, LEASE)
+    before = Delivery.get_by_id(event_id)
+    refuse_in_sqlite("INSERT ON failure")  # the not_recorded failure record cannot be written
+    with pytest.raises(IntegrityError):
+        claim_due(NOW + MAX_UNRECORDED * LEASE, 8, LEASE)
+    after = Delivery.get_by_id(event_id)
+    assert (after.state, after.lease_token, after.unrecorded) == (before.state, before.lease_token, before.unrecorded)
 
 
 class RecordRefused(Exception):

@@ -5,6 +5,7 @@ import threading
 import time
 
 import pytest
+from peewee import IntegrityError
 
 from models import Delivery, Subscription
 from partner.database import run_sql, select_rows, write_transaction
@@ -12,7 +13,7 @@ from partner.group_commit import GroupCommit
 from partner.outbox import Outcome, claim_due, write_outcomes
 from partner.outbound.transport import AttemptResult
 from partner.retry import RetryPolicy
-from tests.support import run_together
+from tests.support import allow_in_sqlite, refuse_in_sqlite, run_together
 from tests.test_fair_claims import LEASE, NOW, enqueue_ping, expired_and_next, subscriptions
 
 POLICY = RetryPolicy([60], 20)
@@ -155,4 +156,18 @@ def test_a_success_resets_a_streak_counted_after_its_claim(database, organizatio
     assert not claim.failing
     write_outcomes([Outcome(late, FAILED, NOW, NOW + LEASE + 2)], POLICY)  # its lease not taken yet: counted
     assert [r.recorded for r in write_outcomes([Outcome(claim, DELIVERED, NOW, NOW + LEASE + 3)], POLICY)] == [True]
+    assert Subscription.get_by_id(subscription.id).consecutive_failures == 0
+
+
+def test_a_success_and_its_streak_reset_commit_together_or_not_at_all(database, organization):
+    [subscription] = subscriptions(organization("acme"), 1)
+    enqueue_ping(subscription)
+    [claim] = claim_due(NOW, 8, LEASE)
+    Subscription.update(consecutive_failures=3).where(Subscription.id == subscription.id).execute()
+    refuse_in_sqlite("UPDATE OF consecutive_failures ON subscription")
+    with pytest.raises(IntegrityError):
+        write_outcomes([Outcome(claim, DELIVERED, NOW, NOW + 3)], POLICY)
+    assert Delivery.get_by_id(claim.event_id).lease_token == claim.lease_token  # not delivered: written again
+    allow_in_sqlite()
+    assert [r.recorded for r in write_outcomes([Outcome(claim, DELIVERED, NOW, NOW + 4)], POLICY)] == [True]
     assert Subscription.get_by_id(subscription.id).consecutive_failures == 0
