@@ -167,6 +167,14 @@ def test_giving_a_claim_back_does_not_count_it_as_unrecorded(organization):
     assert Delivery.get_by_id(event_id).unrecorded == 0
 
 
+def claimed_ping(org_id: str) -> tuple:
+    """A new subscription of the organization with one ping, claimed at NOW: (subscription, claim)."""
+    [subscription] = subscriptions(org_id, 1)
+    enqueue_ping(subscription)
+    [claim] = claim_due(NOW, 8, LEASE)
+    return subscription, claim
+
+
 def expired_and_next(subscription) -> tuple:
     """Two claims of one subscription that both still hold their lease: the first's has expired
     (not claimed again yet), and the second is a ping queued before it expired, so claimed first."""

@@ -14,7 +14,7 @@ from partner.outbox import Outcome, claim_due, write_outcomes
 from partner.outbound.transport import AttemptResult
 from partner.retry import RetryPolicy
 from tests.support import allow_in_sqlite, refuse_in_sqlite, run_together
-from tests.test_fair_claims import LEASE, NOW, enqueue_ping, expired_and_next, subscriptions
+from tests.test_fair_claims import LEASE, NOW, claimed_ping, enqueue_ping, expired_and_next, subscriptions
 
 POLICY = RetryPolicy([60], 20)
 DELIVERED = AttemptResult(True, 200, None, "", 3)
@@ -140,9 +140,7 @@ def test_an_item_that_fails_costs_the_others_in_its_batch_nothing(database):
 
 
 def test_a_lone_outcome_is_written_at_once(database, organization):
-    [subscription] = subscriptions(organization("acme"), 1)
-    enqueue_ping(subscription)
-    [claim] = claim_due(NOW, 64, LEASE)
+    _, claim = claimed_ping(organization("acme"))
     counted = Counted(recorded_by(POLICY))
     group = GroupCommit(counted)
     assert group.run(Outcome(claim, DELIVERED, NOW, NOW + 3)).recorded
@@ -160,9 +158,7 @@ def test_a_success_resets_a_streak_counted_after_its_claim(database, organizatio
 
 
 def test_a_success_and_its_streak_reset_commit_together_or_not_at_all(database, organization):
-    [subscription] = subscriptions(organization("acme"), 1)
-    enqueue_ping(subscription)
-    [claim] = claim_due(NOW, 8, LEASE)
+    subscription, claim = claimed_ping(organization("acme"))
     Subscription.update(consecutive_failures=3).where(Subscription.id == subscription.id).execute()
     refuse_in_sqlite("UPDATE OF consecutive_failures ON subscription")
     with pytest.raises(IntegrityError):
