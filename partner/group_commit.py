@@ -40,8 +40,8 @@ class GroupCommit:
         self._writing = False  # a thread is writing a batch
 
     def run(self, item: Any) -> Any:
-        """Write `item` in one write with whatever else is queued; return its result once committed,
-        or raise its error or the commit's."""
+        """Write `item` in one transaction with whatever else is queued; return its result once
+        committed, or raise its error or the commit's."""
         queued = _Queued(item)
         with self._changed:
             self._queue.append(queued)
