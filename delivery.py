@@ -26,7 +26,6 @@ from models import db
 from partner import retention
 from partner.availability import database_failed, database_outage, describe, is_unavailable
 from partner.database import probe_write
-from partner.claims import any_due
 from partner.group_commit import GroupCommit
 from partner.operator import metrics
 from partner.outbound.sender import Sender
@@ -42,12 +41,13 @@ LEASE_MARGIN_SECONDS = 30
 # A finished attempt refills slots once this many are free (or half of them, if fewer): one claim
 # then starts several attempts, instead of one claim per attempt under load.
 REFILL_BATCH = 8
-# A process with nothing in flight whose scan found due deliveries all waiting behind attempts of
-# other processes scans again after this long (seconds), doubling up to the poll interval, not at
-# the next poll: the other process refills its slots the moment an attempt finishes, so a backlog
-# queued before this one started would stay with the first process to scan it (bench/scale_out).
-# Such a scan only reads.
-HELD_BACK_RESCAN_SECONDS = 0.02
+# A scan that took nothing and left nothing in flight here scans again after this long (seconds),
+# doubling up to the poll interval, not at the next poll: due deliveries may wait behind other
+# processes' attempts, or another process's claim took the rows this one picked, and no attempt
+# finishing here will scan. Another process refills its slots the moment an attempt finishes, so
+# without this a backlog stays with whichever process holds it (bench/scale_out). A scan that finds
+# nothing writes nothing.
+RESCAN_SECONDS = 0.02
 # While the database fails, scans wait this long, doubling up to the maximum (seconds).
 SCAN_BACKOFF_SECONDS, MAX_SCAN_BACKOFF_SECONDS = 1, 60
 # An outcome that could not be written is written again after these pauses (seconds), while the
@@ -84,7 +84,7 @@ class Dispatcher:
         self._queued = threading.Event()  # set by wake(), cleared by the next scan that has slots
         self._scan_backoff = 0.0
         self._next_scan_at = 0.0  # time.monotonic(); later while the database fails
-        self._held_back_rescan = 0.0  # seconds until the next scan while a backlog is held elsewhere
+        self._rescan_in = 0.0  # seconds until the next scan while scans find nothing
 
     # --- lifecycle -----------------------------------------------------------------------------
 
@@ -154,26 +154,27 @@ class Dispatcher:
                     probe_write()
                 claims = claim_due(self._now_ms(), reserved, self.lease_ms, failing,
                                    self.policy.auto_disable_threshold)
-                if reserved == self.concurrency:
-                    self._rescan_if_held_back(claims)
         except Exception as error:  # noqa: BLE001 - unavailability backs off, the rest re-raised
             if not is_unavailable(error):
                 raise
             self._back_off(error)
-        else:
-            self._scan_backoff = 0.0  # the outage itself ends with a committed write (availability)
+            return 0
         finally:
-            self._release_slots(reserved - len(claims), failing - sum(c.failing for c in claims))
+            idle = self._release_slots(reserved - len(claims), failing - sum(c.failing for c in claims))
+        self._scan_backoff = 0.0  # the outage itself ends with a committed write (availability)
+        if claims:
+            self._rescan_in = 0.0
+        elif idle:
+            self._scan_again_soon()
         return self._start(claims)
 
-    def _rescan_if_held_back(self, claims: list[Claim]) -> None:
-        """Nothing was in flight here: if the claim found nothing while due deliveries wait behind
-        other processes' attempts, scan again soon (HELD_BACK_RESCAN_SECONDS)."""
-        if claims or not any_due(self._now_ms()):
-            self._held_back_rescan = 0.0
-            return
-        self._held_back_rescan = min(self.poll_interval, 2 * self._held_back_rescan or HELD_BACK_RESCAN_SECONDS)
-        self._run_soon(SCAN_JOB, self._held_back_rescan)
+    def _scan_again_soon(self) -> None:
+        """This scan took nothing and nothing is in flight here: scan again after
+        RESCAN_SECONDS, doubling while scans keep finding nothing. Decided by the scan that
+        leaves every slot free, not the one that reserved them all: two scans running together each
+        reserve some."""
+        self._rescan_in = min(self.poll_interval, 2 * self._rescan_in or RESCAN_SECONDS)
+        self._run_soon(SCAN_JOB, self._rescan_in)
 
     def _back_off(self, error: Exception) -> None:
         """The database cannot answer or write (down, disk full, locked): scan less often, log once."""
@@ -231,10 +232,12 @@ class Dispatcher:
             self._free_failing_slots -= failing
         return reserved, failing
 
-    def _release_slots(self, count: int, failing: int) -> None:
+    def _release_slots(self, count: int, failing: int) -> bool:
+        """Give back slots; whether every slot is free now (nothing in flight or claiming here)."""
         with self._slots_lock:
             self._free_slots += count
             self._free_failing_slots += failing
+            return self._free_slots == self.concurrency
 
     # --- one attempt ---------------------------------------------------------------------------
 

@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 
 from models import db
+from partner import sealing
 from partner.outbox import Outcome, Recorded, write_outcomes
 
 API = "/api/v1/partner"
@@ -162,6 +163,11 @@ class StubResolver:
         if isinstance(answer, Exception):
             raise answer
         return list(answer)
+
+
+def sealed(subscription_id: str, secret: str) -> dict:
+    """A subscription's stored secret columns, for rows written in bulk."""
+    return dict(zip(("secret_key_id", "secret_sealed"), sealing.seal(subscription_id, secret)))
 
 
 def record_attempt(claim, result, attempted_at: int, finished_at: int, policy, jitter: float) -> Recorded:

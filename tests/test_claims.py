@@ -6,10 +6,9 @@ import multiprocessing
 
 import pytest
 
-from partner import sealing
 from models import Delivery, Event, Organization, Subscription, db, open_database
 from partner.outbox import claim_due
-from tests.support import run_together
+from tests.support import run_together, sealed
 
 NOW = 1_800_000_000_000
 LEASE = 40_000
@@ -41,11 +40,6 @@ def due(database_url) -> set[str]:
                                    "due_at": NOW} for i in ids]).execute()
     yield set(ids)
     database.close()
-
-
-def sealed(subscription_id: str, secret: str) -> dict:
-    """A subscription's stored secret columns."""
-    return dict(zip(("secret_key_id", "secret_sealed"), sealing.seal(subscription_id, secret)))
 
 
 def claim_until_empty(now_ms: int = NOW) -> list[str]:

@@ -5,19 +5,20 @@ The claim is stepped by hand on the real database; one test sends a real backlog
 import os
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from peewee import IntegrityError
 
-from models import Delivery, Failure, Subscription, db
+from models import Delivery, Event, Failure, Subscription, db
 from partner.outbox import MAX_UNRECORDED, claim_due, enqueue_test_ping, release
 from partner.outbound.transport import AttemptResult
 from partner.retry import RetryPolicy
 from partner.subscriptions import create_subscription
 from tests.receivers import hang
-from tests.support import record_attempt, refuse_in_sqlite
+from tests.support import record_attempt, refuse_in_sqlite, sealed
 
 NOW = 1_800_000_000_123
 LEASE = 40_000
@@ -341,4 +342,54 @@ def test_an_idle_process_takes_up_a_backlog_another_holds_soon_not_at_the_next_p
     finally:
         dispatcher.stop()
     # The attempt cut short is due again when its lease ended, after the ping queued behind it.
+    assert [r.headers["X-VC-Event-Id"] for r in receiver.received] == queued[::-1]
+
+
+def waiting_a_day(org_id: str, count: int) -> None:
+    """`count` subscriptions whose one delivery is due in a day, written in bulk: every claim's walk
+    visits each of them (claims.py), so each scan takes milliseconds and scans started together overlap."""
+    ids = [f"wh_far{n:05d}" for n in range(count)]
+    with db.atomic():
+        Subscription.insert_many([{"id": i, "organization": org_id, "url": URL, "created_at": NOW,
+                                   **sealed(i, "whsec_x")} for i in ids]).execute()
+        Event.insert_many([{"id": f"evt_{i}", "subscription": i, "kind": "vc.test.ping", "body": b"{}",
+                            "created_at": NOW} for i in ids]).execute()
+        Delivery.insert_many([{"event": f"evt_{i}", "subscription": i, "state": Delivery.PENDING,
+                               "due_at": NOW + 86_400_000} for i in ids]).execute()
+
+
+@pytest.mark.config(SCHEDULER_ENABLED=True, WEBHOOK_ALLOWED_NETWORKS=["127.0.0.0/8"], DELIVERY_POLL_INTERVAL=60,
+                    DELIVERY_CONCURRENCY=4)
+def test_attempts_ending_together_leave_no_process_idle_until_the_next_poll(app, clock, database_url, organization,
+                                                                           receiver, start_receiver):
+    """Attempts ending together: each frees its slot while another's refill scan holds the rest, so
+    no scan reserves every slot, yet the last to give its slots back leaves nothing in flight here.
+    It must scan again soon: here the backlog another process held comes free meanwhile."""
+    gate = threading.Event()
+
+    def gated(handler):
+        gate.wait(10)
+        handler.send_response(200)
+        handler.send_header("Content-Length", "0")
+        handler.end_headers()
+
+    together = start_receiver(script=[gated])
+    org = organization("acme")
+    [held] = subscriptions(org, 1, receiver.url)
+    queued = [enqueue_ping(held) for _ in range(2)]
+    assert claim_in_another_process(database_url, NOW, 1) == 1  # the first of these, under its lease
+    for subscription in subscriptions(org, 4, together.url):
+        enqueue_ping(subscription)
+    waiting_a_day(org, 3000)
+    dispatcher = app.extensions["delivery"]
+    dispatcher.start()
+    try:
+        assert together.wait_for(4)  # every slot in flight
+        gate.set()
+        time.sleep(0.5)  # their outcomes are recorded; their refill scans end, having found nothing to take
+        assert Delivery.select().where(Delivery.state == Delivery.DELIVERED).count() == 4
+        clock.advance(LEASE / 1000)  # the other process's lease ends: both of `held`'s are due
+        assert receiver.wait_for(2, seconds=5)
+    finally:
+        dispatcher.stop()
     assert [r.headers["X-VC-Event-Id"] for r in receiver.received] == queued[::-1]
