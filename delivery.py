@@ -26,6 +26,7 @@ from models import db
 from partner import retention
 from partner.availability import database_failed, database_outage, describe, is_unavailable
 from partner.database import probe_write
+from partner.claims import any_due
 from partner.group_commit import GroupCommit
 from partner.operator import metrics
 from partner.outbound.sender import Sender
@@ -41,12 +42,12 @@ LEASE_MARGIN_SECONDS = 30
 # A finished attempt refills slots once this many are free (or half of them, if fewer): one claim
 # then starts several attempts, instead of one claim per attempt under load.
 REFILL_BATCH = 8
-# A scan that took nothing and left nothing in flight here scans again after this long (seconds),
-# doubling up to the poll interval, not at the next poll: due deliveries may wait behind other
-# processes' attempts, or another process's claim took the rows this one picked, and no attempt
-# finishing here will scan. Another process refills its slots the moment an attempt finishes, so
-# without this a backlog stays with whichever process holds it (bench/scale_out). A scan that finds
-# nothing writes nothing.
+# A scan that took nothing and left nothing in flight here, while deliveries are due, scans again
+# after this long (seconds), doubling up to the poll interval, not at the next poll: they may wait
+# behind other processes' attempts, or another process's claim took the rows this one picked, and
+# no attempt finishing here will scan. Another process refills its slots the moment an attempt
+# finishes, so without this a backlog stays with whichever process holds it (bench/scale_out). A
+# scan that finds nothing writes nothing.
 RESCAN_SECONDS = 0.02
 # While the database fails, scans wait this long, doubling up to the maximum (seconds).
 SCAN_BACKOFF_SECONDS, MAX_SCAN_BACKOFF_SECONDS = 1, 60
@@ -78,6 +79,7 @@ class Dispatcher:
         # Of those, how many subscriptions whose last attempt failed may still take.
         self._free_failing_slots = max(1, self.concurrency // 2)
         self._slots_lock = threading.Lock()
+        self._scheduling_lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
         self._scheduler: BackgroundScheduler | None = None
         self._stopping = threading.Event()
@@ -133,9 +135,16 @@ class Dispatcher:
         self._run_soon(retention.PURGE_JOB)
 
     def _run_soon(self, job: str, seconds: float = 0) -> None:
+        """Run `job` in `seconds`, unless it runs sooner already: a later time never puts off a
+        wake() or a poll."""
         scheduler = self._scheduler
-        if scheduler:
-            scheduler.modify_job(job, next_run_time=_utcnow() + timedelta(seconds=seconds))
+        if not scheduler:
+            return
+        at = _utcnow() + timedelta(seconds=seconds)
+        with self._scheduling_lock:  # no other call moves it between the read and the move
+            current = scheduler.get_job(job)
+            if current is not None and (current.next_run_time is None or current.next_run_time > at):
+                scheduler.modify_job(job, next_run_time=at)
 
     # --- scanning ------------------------------------------------------------------------------
 
@@ -155,8 +164,6 @@ class Dispatcher:
                 claims = claim_due(self._now_ms(), reserved, self.lease_ms, failing,
                                    self.policy.auto_disable_threshold)
         except Exception as error:  # noqa: BLE001 - unavailability backs off, the rest re-raised
-            if not is_unavailable(error):
-                raise
             self._back_off(error)
             return 0
         finally:
@@ -165,19 +172,30 @@ class Dispatcher:
         if claims:
             self._rescan_in = 0.0
         elif idle:
-            self._scan_again_soon()
+            self._scan_again_if_due()
         return self._start(claims)
 
-    def _scan_again_soon(self) -> None:
-        """This scan took nothing and nothing is in flight here: scan again after
-        RESCAN_SECONDS, doubling while scans keep finding nothing. Decided by the scan that
-        leaves every slot free, not the one that reserved them all: two scans running together each
-        reserve some."""
-        self._rescan_in = min(self.poll_interval, 2 * self._rescan_in or RESCAN_SECONDS)
-        self._run_soon(SCAN_JOB, self._rescan_in)
+    def _scan_again_if_due(self) -> None:
+        """This scan took nothing and nothing is in flight here. If deliveries are due (waiting behind
+        other processes' attempts, or taken first by their claims), scan again after RESCAN_SECONDS,
+        doubling while that lasts; if none is, the poll or a wake() comes first, and the next wait
+        starts from RESCAN_SECONDS again. Decided by the scan that leaves every slot free, not the one
+        that reserved them all: scans running together each reserve some."""
+        try:
+            with db.connection_context():
+                due = any_due(self._now_ms())
+        except Exception as error:  # noqa: BLE001 - unavailability backs off, the rest re-raised
+            self._back_off(error)
+            return
+        self._rescan_in = min(self.poll_interval, 2 * self._rescan_in or RESCAN_SECONDS) if due else 0.0
+        if due:
+            self._run_soon(SCAN_JOB, self._rescan_in)
 
     def _back_off(self, error: Exception) -> None:
-        """The database cannot answer or write (down, disk full, locked): scan less often, log once."""
+        """The database cannot answer or write (down, disk full, locked): scan less often, log once.
+        Any other error is raised again."""
+        if not is_unavailable(error):
+            raise error
         database_failed(error)
         self._scan_backoff = min(MAX_SCAN_BACKOFF_SECONDS, self._scan_backoff * 2 or SCAN_BACKOFF_SECONDS)
         self._next_scan_at = time.monotonic() + self._scan_backoff

@@ -60,6 +60,7 @@ ranked AS (
 SELECT event_id FROM ranked WHERE NOT failing OR nth <= {p}
 ORDER BY turn, due_at, seq, event_id LIMIT {p}
 """
+_ANY_DUE = "SELECT 1 AS due FROM delivery WHERE {open} AND due_at <= {p} AND {live} LIMIT 1"
 
 
 def pick_due(now_ms: int, limit: int, failing_limit: int | None) -> list[str]:
@@ -67,3 +68,10 @@ def pick_due(now_ms: int, limit: int, failing_limit: int | None) -> list[str]:
     failing = limit if failing_limit is None else failing_limit
     rows = select_rows(_PICK, (now_ms, now_ms, now_ms, failing, limit), **SQL_CONDITIONS)
     return [row["event_id"] for row in rows]
+
+
+def any_due(now_ms: int) -> bool:
+    """Whether a delivery of a subscription not deleted is due. Asked after a claim that took
+    nothing: then each waits behind an attempt in flight (one at a time per subscription), or
+    another process's claim took it first."""
+    return bool(select_rows(_ANY_DUE, (now_ms,), **SQL_CONDITIONS))

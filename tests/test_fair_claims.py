@@ -345,6 +345,28 @@ def test_an_idle_process_takes_up_a_backlog_another_holds_soon_not_at_the_next_p
     assert [r.headers["X-VC-Event-Id"] for r in receiver.received] == queued[::-1]
 
 
+
+@pytest.mark.config(SCHEDULER_ENABLED=True, WEBHOOK_ALLOWED_NETWORKS=["127.0.0.0/8"], DELIVERY_POLL_INTERVAL=2)
+def test_a_process_idle_for_a_while_takes_up_a_backlog_another_holds_soon_after(app, clock, database_url,
+                                                                               organization, receiver):
+    """While nothing is due an idle process waits for the poll, and its next wait behind another
+    process's attempts starts short again: it does not stay at the poll interval it grew to."""
+    [subscription] = subscriptions(organization("acme"), 1, receiver.url)
+    dispatcher = app.extensions["delivery"]
+    dispatcher.start()
+    try:
+        time.sleep(3)  # nothing queued: scans that find nothing, each waiting longer (up to the poll)
+        queued = [enqueue_ping(subscription, NOW) for _ in range(2)]
+        assert claim_in_another_process(database_url, NOW, 1) == 1  # the first, under its lease
+        dispatcher.wake()  # as an enqueue here would: its scan finds the backlog held
+        time.sleep(0.3)
+        assert receiver.received == []
+        clock.advance(LEASE / 1000)  # that attempt's lease ends
+        assert receiver.wait_for(2, seconds=1)
+    finally:
+        dispatcher.stop()
+    assert [r.headers["X-VC-Event-Id"] for r in receiver.received] == queued[::-1]
+
 def waiting_a_day(org_id: str, count: int) -> None:
     """`count` subscriptions whose one delivery is due in a day, written in bulk: every claim's walk
     visits each of them (claims.py), so each scan takes milliseconds and scans started together overlap."""
