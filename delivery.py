@@ -28,7 +28,7 @@ from partner.availability import database_failed, database_outage, describe, is_
 from partner.database import probe_write
 from partner.claims import any_due
 from partner.group_commit import GroupCommit
-from partner.operator import metrics
+from partner.operator.attempts import log_attempt
 from partner.outbound.sender import Sender
 from partner.outbox import Claim, Outcome, Recorded, claim_due, release, write_outcomes
 from partner.retry import MAX_JITTER, RetryPolicy
@@ -265,7 +265,7 @@ class Dispatcher:
         result = self.sender.send(claim, attempted_at)
         outcome = Outcome(claim, result, attempted_at, self._now_ms(), self.random.uniform(0, MAX_JITTER))
         recorded = self._record(outcome)
-        _log_attempt(outcome, recorded)
+        log_attempt(outcome, recorded)
         return recorded
 
     def _record(self, outcome: Outcome) -> Recorded:
@@ -292,27 +292,6 @@ class Dispatcher:
 
     def _now_ms(self) -> int:
         return to_ms(self.clock())
-
-
-def _log_attempt(outcome: Outcome, recorded: Recorded) -> None:
-    """One line per attempt, and its metrics. The fields appear twice: in the text line, and as
-    JSON keys under PARTNER_LOG_FORMAT=json."""
-    claim, result, finished_at = outcome.claim, outcome.result, outcome.finished_at
-    what = result.error or "delivered"  # the `outcome` of the log line and the metric
-    metrics.count_attempt(claim.kind, what, result.duration_ms / 1000)
-    if recorded.dead_lettered:
-        metrics.DEAD_LETTERED.inc()
-    if recorded.auto_disabled:
-        metrics.AUTO_DISABLED.inc()
-    next_at = recorded.next_attempt_at
-    fields = {"event_id": claim.event_id, "subscription_id": claim.subscription_id,
-              "attempt": claim.attempt, "outcome": what, "status": result.http_status,
-              "duration_ms": result.duration_ms,
-              "next_attempt_in_ms": next_at - finished_at if next_at else None,
-              "recorded": recorded.recorded}
-    log.info("delivery event=%(event_id)s subscription=%(subscription_id)s attempt=%(attempt)d "
-             "outcome=%(outcome)s http_status=%(status)s duration_ms=%(duration_ms)d "
-             "next_attempt_in_ms=%(next_attempt_in_ms)s recorded=%(recorded)s", fields, extra=fields)
 
 
 def _utcnow() -> datetime:

@@ -1,0 +1,31 @@
+"""What the operator sees of each delivery attempt: one log line (CONTRACT §7) and its metrics.
+
+The line is logged as the dispatcher's (logger `delivery`): operators filter on that name."""
+
+import logging
+
+from partner.operator import metrics
+from partner.outbox import Outcome, Recorded
+
+log = logging.getLogger("delivery")
+
+
+def log_attempt(outcome: Outcome, recorded: Recorded) -> None:
+    """One line per attempt, and its metrics. The fields appear twice: in the text line, and as
+    JSON keys under PARTNER_LOG_FORMAT=json."""
+    claim, result, finished_at = outcome.claim, outcome.result, outcome.finished_at
+    what = result.error or "delivered"  # the `outcome` of the log line and the metric
+    metrics.count_attempt(claim.kind, what, result.duration_ms / 1000)
+    if recorded.dead_lettered:
+        metrics.DEAD_LETTERED.inc()
+    if recorded.auto_disabled:
+        metrics.AUTO_DISABLED.inc()
+    next_at = recorded.next_attempt_at
+    fields = {"event_id": claim.event_id, "subscription_id": claim.subscription_id,
+              "attempt": claim.attempt, "outcome": what, "status": result.http_status,
+              "duration_ms": result.duration_ms,
+              "next_attempt_in_ms": next_at - finished_at if next_at else None,
+              "recorded": recorded.recorded}
+    log.info("delivery event=%(event_id)s subscription=%(subscription_id)s attempt=%(attempt)d "
+             "outcome=%(outcome)s http_status=%(status)s duration_ms=%(duration_ms)d "
+             "next_attempt_in_ms=%(next_attempt_in_ms)s recorded=%(recorded)s", fields, extra=fields)
