@@ -95,13 +95,14 @@ class Dispatcher:
         if not self.enabled or self._scheduler:
             return
         self._pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="delivery")
-        self._scheduler = BackgroundScheduler(timezone=timezone.utc)
-        # Two instances may overlap so that a wake() during a running scan is never skipped;
-        # overlapping scans are safe because claims are atomic and slots are reserved.
-        self._scheduler.add_job(self.scan, "interval", seconds=self.poll_interval, id=SCAN_JOB,
-                                max_instances=2, coalesce=True, next_run_time=_utcnow())
-        retention.schedule(self._scheduler, self.clock, self.retention_days)
-        self._scheduler.start()
+        with self._scheduling_lock:  # a scan that moves a job waits until every job is scheduled
+            self._scheduler = BackgroundScheduler(timezone=timezone.utc)
+            # Two instances may overlap so that a wake() during a running scan is never skipped;
+            # overlapping scans are safe because claims are atomic and slots are reserved.
+            self._scheduler.add_job(self.scan, "interval", seconds=self.poll_interval, id=SCAN_JOB,
+                                    max_instances=2, coalesce=True, next_run_time=_utcnow())
+            retention.schedule(self._scheduler, self.clock, self.retention_days)
+            self._scheduler.start()
         log.info("delivery scanner started: concurrency=%d poll_interval=%ss",
                  self.concurrency, self.poll_interval)
 
@@ -109,8 +110,11 @@ class Dispatcher:
         """Stop polling and wait for attempts in flight (each ends within the timeout). From the
         first moment nothing more is claimed: a finishing attempt does not refill its slot."""
         self._stopping.set()
-        scheduler, pool = self._scheduler, self._pool
-        self._scheduler = None
+        # Under the lock, so that no scan is inside the scheduler moving a job while shutdown (which
+        # holds the scheduler's own lock) waits for that scan to end.
+        with self._scheduling_lock:
+            scheduler, self._scheduler = self._scheduler, None
+        pool = self._pool
         if scheduler:
             scheduler.shutdown(wait=True)
         if pool:
@@ -135,15 +139,15 @@ class Dispatcher:
         self._run_soon(retention.PURGE_JOB)
 
     def _run_soon(self, job: str, seconds: float = 0) -> None:
-        """Run `job` in `seconds`, unless it runs sooner already: a later time never puts off a
-        wake() or a poll."""
-        scheduler = self._scheduler
-        if not scheduler:
-            return
-        at = _utcnow() + timedelta(seconds=seconds)
+        """Run `job` in `seconds`, unless it is due by then already: a later time never puts off a
+        wake() or a poll. A run already overdue is moved too: the scheduler drops one late by over a
+        second (its misfire grace time)."""
+        now = _utcnow()
+        at = now + timedelta(seconds=seconds)
         with self._scheduling_lock:  # no other call moves it between the read and the move
-            current = scheduler.get_job(job)
-            if current is not None and (current.next_run_time is None or current.next_run_time > at):
+            scheduler = self._scheduler
+            current = scheduler.get_job(job) if scheduler else None
+            if current and not (current.next_run_time and now <= current.next_run_time <= at):
                 scheduler.modify_job(job, next_run_time=at)
 
     # --- scanning ------------------------------------------------------------------------------
@@ -187,9 +191,10 @@ class Dispatcher:
         except Exception as error:  # noqa: BLE001 - unavailability backs off, the rest re-raised
             self._back_off(error)
             return
-        self._rescan_in = min(self.poll_interval, 2 * self._rescan_in or RESCAN_SECONDS) if due else 0.0
+        rescan_in = min(self.poll_interval, 2 * self._rescan_in or RESCAN_SECONDS) if due else 0.0
+        self._rescan_in = rescan_in
         if due:
-            self._run_soon(SCAN_JOB, self._rescan_in)
+            self._run_soon(SCAN_JOB, rescan_in)
 
     def _back_off(self, error: Exception) -> None:
         """The database cannot answer or write (down, disk full, locked): scan less often, log once.

@@ -345,7 +345,6 @@ def test_an_idle_process_takes_up_a_backlog_another_holds_soon_not_at_the_next_p
     assert [r.headers["X-VC-Event-Id"] for r in receiver.received] == queued[::-1]
 
 
-
 @pytest.mark.config(SCHEDULER_ENABLED=True, WEBHOOK_ALLOWED_NETWORKS=["127.0.0.0/8"], DELIVERY_POLL_INTERVAL=2)
 def test_a_process_idle_for_a_while_takes_up_a_backlog_another_holds_soon_after(app, clock, database_url,
                                                                                organization, receiver):
@@ -366,6 +365,7 @@ def test_a_process_idle_for_a_while_takes_up_a_backlog_another_holds_soon_after(
     finally:
         dispatcher.stop()
     assert [r.headers["X-VC-Event-Id"] for r in receiver.received] == queued[::-1]
+
 
 def waiting_a_day(org_id: str, count: int) -> None:
     """`count` subscriptions whose one delivery is due in a day, written in bulk: every claim's walk
