@@ -225,3 +225,11 @@ def start_receiver():
 def receiver(start_receiver) -> Receiver:
     """A healthy receiver: 200 to every delivery."""
     return start_receiver()
+
+
+@pytest.fixture
+def dispatcher(app):
+    """The app's dispatcher; a test may start its scanner, and it is stopped afterwards."""
+    dispatcher = app.extensions["delivery"]
+    yield dispatcher
+    dispatcher.stop()

@@ -36,14 +36,6 @@ def failing(receiver, subscribe) -> dict:
 
 
 @pytest.fixture
-def dispatcher(app):
-    """The app's dispatcher; a test may start its scanner, and it is stopped afterwards."""
-    dispatcher = app.extensions["delivery"]
-    yield dispatcher
-    dispatcher.stop()
-
-
-@pytest.fixture
 def failed_attempt(dispatcher, ping, failures):
     def failed_attempt(subscription: dict) -> dict:
         """Ping, make the attempt, and return its failure record (the only one)."""

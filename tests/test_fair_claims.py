@@ -79,15 +79,11 @@ def test_a_retry_due_later_lets_the_deliveries_due_before_it_go_first(organizati
 
 @pytest.mark.both_databases
 @pytest.mark.config(SCHEDULER_ENABLED=True, WEBHOOK_ALLOWED_NETWORKS=["127.0.0.0/8"])
-def test_a_backlog_of_500_pings_reaches_the_receiver_in_order(app, database, organization, receiver):
+def test_a_backlog_of_500_pings_reaches_the_receiver_in_order(dispatcher, database, organization, receiver):
     [subscription] = subscriptions(organization("acme"), 1, receiver.url)
     queued = [enqueue_ping(subscription) for _ in range(500)]  # all due in the same millisecond
-    dispatcher = app.extensions["delivery"]
     dispatcher.start()
-    try:
-        assert receiver.wait_for(500, seconds=120)
-    finally:
-        dispatcher.stop()
+    assert receiver.wait_for(500, seconds=120)
     arrived = [queued.index(r.headers["X-VC-Event-Id"]) for r in receiver.received]
     assert inversions(arrived) == 0
     assert arrived == list(range(500))
@@ -262,9 +258,8 @@ def refuse(*args):
 
 
 @pytest.mark.config(WEBHOOK_ALLOWED_NETWORKS=["127.0.0.0/8"], AUTO_DISABLE_THRESHOLD=1)
-def test_a_record_step_that_always_fails_ends_in_a_not_recorded_dead_letter(app, clock, database,
+def test_a_record_step_that_always_fails_ends_in_a_not_recorded_dead_letter(dispatcher, clock, database,
                                                                            organization, receiver):
-    dispatcher = app.extensions["delivery"]
     dispatcher.record, dispatcher.record_pauses = refuse, ()  # the seams: never written, no retry
     [subscription] = subscriptions(organization("acme"), 1, receiver.url)
     event_id = enqueue_ping(subscription, int(clock() * 1000))
@@ -282,7 +277,7 @@ def test_a_record_step_that_always_fails_ends_in_a_not_recorded_dead_letter(app,
 
 @pytest.mark.config(SCHEDULER_ENABLED=True, WEBHOOK_ALLOWED_NETWORKS=["127.0.0.0/8"], DELIVERY_CONCURRENCY=4,
                     DELIVERY_POLL_INTERVAL=10)
-def test_a_ping_queued_while_every_slot_is_busy_takes_the_first_slot_that_frees(app, database, organization,
+def test_a_ping_queued_while_every_slot_is_busy_takes_the_first_slot_that_frees(dispatcher, database, organization,
                                                                                 start_receiver):
     crowd, quiet = organization("crowd"), organization("quiet")
     slow, brief, fast = (start_receiver(script=[hang(3)]), start_receiver(script=[hang(0.3)]),
@@ -290,18 +285,14 @@ def test_a_ping_queued_while_every_slot_is_busy_takes_the_first_slot_that_frees(
     for subscription in subscriptions(crowd, 3, slow.url) + subscriptions(crowd, 1, brief.url):
         enqueue_ping(subscription)
     [lone] = subscriptions(quiet, 1, fast.url)
-    dispatcher = app.extensions["delivery"]
     dispatcher.start()
-    try:
-        assert slow.wait_for(3) and brief.wait_for(1)  # all 4 slots busy
-        queued_at = time.monotonic()
-        enqueue_ping(lone)
-        dispatcher.wake()
-        # One slot frees after 0.3 s, fewer than the refill batch (2 of 4): it is refilled anyway.
-        assert fast.wait_for(1, seconds=2)
-        assert fast.received[0].arrived_at - queued_at < 1.5
-    finally:
-        dispatcher.stop()
+    assert slow.wait_for(3) and brief.wait_for(1)  # all 4 slots busy
+    queued_at = time.monotonic()
+    enqueue_ping(lone)
+    dispatcher.wake()
+    # One slot frees after 0.3 s, fewer than the refill batch (2 of 4): it is refilled anyway.
+    assert fast.wait_for(1, seconds=2)
+    assert fast.received[0].arrived_at - queued_at < 1.5
 
 
 # --- a backlog held by another process -------------------------------------------------------
@@ -327,43 +318,35 @@ def claim_in_another_process(database_url: str, now_ms: int, limit: int) -> int:
 
 
 @pytest.mark.config(SCHEDULER_ENABLED=True, WEBHOOK_ALLOWED_NETWORKS=["127.0.0.0/8"], DELIVERY_POLL_INTERVAL=60)
-def test_an_idle_process_takes_up_a_backlog_another_holds_soon_not_at_the_next_poll(app, clock, database_url,
+def test_an_idle_process_takes_up_a_backlog_another_holds_soon_not_at_the_next_poll(dispatcher, clock, database_url,
                                                                                     organization, receiver):
     [subscription] = subscriptions(organization("acme"), 1, receiver.url)
     queued = [enqueue_ping(subscription, NOW) for _ in range(2)]
     assert claim_in_another_process(database_url, NOW, 1) == 1  # the first, under its lease
-    dispatcher = app.extensions["delivery"]
     dispatcher.start()
-    try:
-        time.sleep(0.3)  # its first scans find the backlog waiting behind the other process's attempt
-        assert receiver.received == []
-        clock.advance(LEASE / 1000)  # that attempt's lease ends: its outcome was never recorded
-        assert receiver.wait_for(2, seconds=10)
-    finally:
-        dispatcher.stop()
+    time.sleep(0.3)  # its first scans find the backlog waiting behind the other process's attempt
+    assert receiver.received == []
+    clock.advance(LEASE / 1000)  # that attempt's lease ends: its outcome was never recorded
+    assert receiver.wait_for(2, seconds=10)
     # The attempt cut short is due again when its lease ended, after the ping queued behind it.
     assert [r.headers["X-VC-Event-Id"] for r in receiver.received] == queued[::-1]
 
 
 @pytest.mark.config(SCHEDULER_ENABLED=True, WEBHOOK_ALLOWED_NETWORKS=["127.0.0.0/8"], DELIVERY_POLL_INTERVAL=2)
-def test_a_process_idle_for_a_while_takes_up_a_backlog_another_holds_soon_after(app, clock, database_url,
+def test_a_process_idle_for_a_while_takes_up_a_backlog_another_holds_soon_after(dispatcher, clock, database_url,
                                                                                organization, receiver):
     """While nothing is due an idle process waits for the poll, and its next wait behind another
     process's attempts starts short again: it does not stay at the poll interval it grew to."""
     [subscription] = subscriptions(organization("acme"), 1, receiver.url)
-    dispatcher = app.extensions["delivery"]
     dispatcher.start()
-    try:
-        time.sleep(3)  # nothing queued: scans that find nothing, each waiting longer (up to the poll)
-        queued = [enqueue_ping(subscription, NOW) for _ in range(2)]
-        assert claim_in_another_process(database_url, NOW, 1) == 1  # the first, under its lease
-        dispatcher.wake()  # as an enqueue here would: its scan finds the backlog held
-        time.sleep(0.3)
-        assert receiver.received == []
-        clock.advance(LEASE / 1000)  # that attempt's lease ends
-        assert receiver.wait_for(2, seconds=1)
-    finally:
-        dispatcher.stop()
+    time.sleep(3)  # nothing queued: scans that find nothing, each waiting longer (up to the poll)
+    queued = [enqueue_ping(subscription, NOW) for _ in range(2)]
+    assert claim_in_another_process(database_url, NOW, 1) == 1  # the first, under its lease
+    dispatcher.wake()  # as an enqueue here would: its scan finds the backlog held
+    time.sleep(0.3)
+    assert receiver.received == []
+    clock.advance(LEASE / 1000)  # that attempt's lease ends
+    assert receiver.wait_for(2, seconds=1)
     assert [r.headers["X-VC-Event-Id"] for r in receiver.received] == queued[::-1]
 
 
@@ -382,8 +365,8 @@ def waiting_a_day(org_id: str, count: int) -> None:
 
 @pytest.mark.config(SCHEDULER_ENABLED=True, WEBHOOK_ALLOWED_NETWORKS=["127.0.0.0/8"], DELIVERY_POLL_INTERVAL=60,
                     DELIVERY_CONCURRENCY=4)
-def test_attempts_ending_together_leave_no_process_idle_until_the_next_poll(app, clock, database_url, organization,
-                                                                           receiver, start_receiver):
+def test_attempts_ending_together_leave_no_process_idle_until_the_next_poll(dispatcher, clock, database_url,
+                                                                           organization, receiver, start_receiver):
     """Attempts ending together: each frees its slot while another's refill scan holds the rest, so
     no scan reserves every slot, yet the last to give its slots back leaves nothing in flight here.
     It must scan again soon: here the backlog another process held comes free meanwhile."""
@@ -403,15 +386,11 @@ def test_attempts_ending_together_leave_no_process_idle_until_the_next_poll(app,
     for subscription in subscriptions(org, 4, together.url):
         enqueue_ping(subscription)
     waiting_a_day(org, 3000)
-    dispatcher = app.extensions["delivery"]
     dispatcher.start()
-    try:
-        assert together.wait_for(4)  # every slot in flight
-        gate.set()
-        time.sleep(0.5)  # their outcomes are recorded; their refill scans end, having found nothing to take
-        assert Delivery.select().where(Delivery.state == Delivery.DELIVERED).count() == 4
-        clock.advance(LEASE / 1000)  # the other process's lease ends: both of `held`'s are due
-        assert receiver.wait_for(2, seconds=5)
-    finally:
-        dispatcher.stop()
+    assert together.wait_for(4)  # every slot in flight
+    gate.set()
+    time.sleep(0.5)  # their outcomes are recorded; their refill scans end, having found nothing to take
+    assert Delivery.select().where(Delivery.state == Delivery.DELIVERED).count() == 4
+    clock.advance(LEASE / 1000)  # the other process's lease ends: both of `held`'s are due
+    assert receiver.wait_for(2, seconds=5)
     assert [r.headers["X-VC-Event-Id"] for r in receiver.received] == queued[::-1]
