@@ -86,7 +86,7 @@ class Dispatcher:
         self._queued = threading.Event()  # set by wake(), cleared by the next scan that has slots
         self._scan_backoff = 0.0
         self._next_scan_at = 0.0  # time.monotonic(); later while the database fails
-        self._rescan_in = 0.0  # seconds until the next scan while scans find nothing
+        self._rescan_in = 0.0  # seconds until the next scan while due deliveries wait elsewhere
 
     # --- lifecycle -----------------------------------------------------------------------------
 
