@@ -7,7 +7,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from models import db
+from models import Delivery, Event, Subscription, db
 from partner import sealing
 from partner.outbox import Outcome, Recorded, write_outcomes
 
@@ -168,6 +168,18 @@ class StubResolver:
 def sealed(subscription_id: str, secret: str) -> dict:
     """A subscription's stored secret columns, for rows written in bulk."""
     return dict(zip(("secret_key_id", "secret_sealed"), sealing.seal(subscription_id, secret)))
+
+
+def queue_in_bulk(org_id, event_ids: list[str], due_at: int, now_ms: int) -> None:
+    """For each event id a subscription `wh_<event id>` of `org_id` with that event queued, due at
+    `due_at`: written in bulk, for tests that need thousands (through the API they take seconds)."""
+    with db.atomic():
+        Subscription.insert_many([{"id": f"wh_{i}", "organization": org_id, "url": "https://x.example/",
+                                   **sealed(f"wh_{i}", "whsec_x"), "created_at": now_ms} for i in event_ids]).execute()
+        Event.insert_many([{"id": i, "subscription": f"wh_{i}", "kind": "vc.test.ping", "body": b"{}",
+                            "created_at": now_ms} for i in event_ids]).execute()
+        Delivery.insert_many([{"event": i, "subscription": f"wh_{i}", "state": Delivery.PENDING,
+                               "due_at": due_at} for i in event_ids]).execute()
 
 
 def record_attempt(claim, result, attempted_at: int, finished_at: int, policy, jitter: float) -> Recorded:

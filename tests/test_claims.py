@@ -6,9 +6,9 @@ import multiprocessing
 
 import pytest
 
-from models import Delivery, Event, Organization, Subscription, db, open_database
+from models import Organization, Subscription, db, open_database
 from partner.outbox import claim_due
-from tests.support import run_together, sealed
+from tests.support import queue_in_bulk, run_together
 
 NOW = 1_800_000_000_000
 LEASE = 40_000
@@ -30,14 +30,7 @@ def due(database_url) -> set[str]:
     with db.connection_context():
         org = Organization.create(id="org_1", slug="acme", created_at=NOW)
         ids = [f"evt_{n:04d}" for n in range(DUE)]
-        # One subscription each: a subscription has at most one delivery in flight.
-        with db.atomic():
-            Subscription.insert_many([{"id": f"wh_{i}", "organization": org, "url": "https://x.example/",
-                                       **sealed(f"wh_{i}", "whsec_x"), "created_at": NOW} for i in ids]).execute()
-            Event.insert_many([{"id": i, "subscription": f"wh_{i}", "kind": "vc.test.ping",
-                                "body": b"{}", "created_at": NOW} for i in ids]).execute()
-            Delivery.insert_many([{"event": i, "subscription": f"wh_{i}", "state": Delivery.PENDING,
-                                   "due_at": NOW} for i in ids]).execute()
+        queue_in_bulk(org, ids, NOW, NOW)  # one subscription each: at most one delivery in flight each
     yield set(ids)
     database.close()
 

@@ -12,13 +12,13 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from peewee import IntegrityError
 
-from models import Delivery, Event, Failure, Subscription, db
+from models import Delivery, Failure, Subscription, db
 from partner.outbox import MAX_UNRECORDED, claim_due, enqueue_test_ping, release
 from partner.outbound.transport import AttemptResult
 from partner.retry import RetryPolicy
 from partner.subscriptions import create_subscription
 from tests.receivers import hang
-from tests.support import record_attempt, refuse_in_sqlite, sealed
+from tests.support import queue_in_bulk, record_attempt, refuse_in_sqlite
 
 NOW = 1_800_000_000_123
 LEASE = 40_000
@@ -351,16 +351,9 @@ def test_a_process_idle_for_a_while_takes_up_a_backlog_another_holds_soon_after(
 
 
 def waiting_a_day(org_id: str, count: int) -> None:
-    """`count` subscriptions whose one delivery is due in a day, written in bulk: every claim's walk
-    visits each of them (claims.py), so each scan takes milliseconds and scans started together overlap."""
-    ids = [f"wh_far{n:05d}" for n in range(count)]
-    with db.atomic():
-        Subscription.insert_many([{"id": i, "organization": org_id, "url": URL, "created_at": NOW,
-                                   **sealed(i, "whsec_x")} for i in ids]).execute()
-        Event.insert_many([{"id": f"evt_{i}", "subscription": i, "kind": "vc.test.ping", "body": b"{}",
-                            "created_at": NOW} for i in ids]).execute()
-        Delivery.insert_many([{"event": f"evt_{i}", "subscription": i, "state": Delivery.PENDING,
-                               "due_at": NOW + 86_400_000} for i in ids]).execute()
+    """`count` subscriptions whose one delivery is due in a day: every claim's walk visits each of
+    them (claims.py), so each scan takes milliseconds and scans started together overlap."""
+    queue_in_bulk(org_id, [f"evt_far{n:05d}" for n in range(count)], NOW + 86_400_000, NOW)
 
 
 @pytest.mark.config(SCHEDULER_ENABLED=True, WEBHOOK_ALLOWED_NETWORKS=["127.0.0.0/8"], DELIVERY_POLL_INTERVAL=60,
