@@ -27,7 +27,8 @@ SQLITE_PRAGMAS = {"journal_mode": "wal", "busy_timeout": 5000, "foreign_keys": 1
 # delivery attempt costs more than the query. `timeout`: seconds to wait for a free connection.
 POOLED_SCHEMES = {"sqlite", "postgres", "postgresql"}
 POOL = {"max_connections": 64, "stale_timeout": 300, "timeout": 10}
-# Recording the successes of a batch is one `UPDATE … RETURNING`, which SQLite has since 3.35.0.
+# Recording the successes of a batch is one `UPDATE … RETURNING`, and a claim reads each candidate
+# once from a `MATERIALIZED` query (partner/claims.py): SQLite has both since 3.35.0.
 SQLITE_FLOOR = (3, 35, 0)
 
 db = DatabaseProxy()

@@ -9,7 +9,7 @@ again later (its retry time): deliveries due before it go first.
 
 Fair share: round robin, weighted by what each organization already holds. Each candidate is a
 subscription's oldest due delivery. Within an organization the candidates are numbered 1, 2, ...
-oldest head first; a candidate's turn is that number plus the organization's attempts in flight
+oldest head first (by due time, then event id); a candidate's turn is that number plus the organization's attempts in flight
 now (in every process: the leases in the database). Free slots go in turn order. So when several
 organizations have due deliveries, each gets one slot before any gets a second, and one that
 already holds many slots waits until the others catch up; an organization alone still takes every
@@ -18,17 +18,21 @@ organizations are busy, and its size would depend on how many are; turns need no
 Subscriptions within an organization share the same way (one head each, oldest first).
 Subscriptions whose last attempt failed take at most `failing_limit` of the slots, in turn order.
 
-The candidates are found without reading the backlog: a walk over the delivery_queue index visits
-each subscription with open deliveries once (a loose index scan, written as a recursive query
-because neither database does it on its own), and reads that subscription's head from the same
-index. A claim costs the number of subscriptions with open work, not the number of due deliveries.
+The candidates are found without reading the backlog or the history: a walk over the
+delivery_queue index visits each subscription with open deliveries once (a loose index scan,
+written as a recursive query because neither database does it on its own) and reads that
+subscription's head from the same index; the attempts in flight come from their own index. A claim
+costs the number of subscriptions with open work and of attempts in flight, not the number of due
+deliveries, nor of finished ones: no step searches an index or table that history grows
+(bench/state_scale).
 """
 
 from models import SQL_CONDITIONS
 from partner.database import select_rows
 
-# Portable (SQLite 3.25+ and PostgreSQL: recursive CTEs and window functions), run by
-# database.select_rows. The state conditions are the partial indexes' own, word for word.
+# Portable (SQLite 3.35+ and PostgreSQL 12+: recursive CTEs, window functions, MATERIALIZED), run
+# by database.select_rows. The state conditions are the partial indexes' own, word for word. heads is
+# MATERIALIZED so each head is read once: inlined, its subqueries ran again at every use of a column.
 _PICK = """
 WITH RECURSIVE queued (id) AS (
     SELECT * FROM (SELECT subscription_id FROM delivery WHERE {open}
@@ -37,28 +41,28 @@ WITH RECURSIVE queued (id) AS (
     SELECT (SELECT subscription_id FROM delivery WHERE {open} AND subscription_id > queued.id
             ORDER BY subscription_id, due_at LIMIT 1)
     FROM queued WHERE queued.id IS NOT NULL),
-heads AS (
-    SELECT s.organization_id AS org, s.consecutive_failures > 0 AS failing,
-           d.event_id, d.due_at, d.seq
-    FROM queued JOIN subscription AS s ON s.id = queued.id
-    JOIN delivery AS d ON d.event_id = (
-        SELECT event_id FROM delivery WHERE subscription_id = s.id AND {open} AND due_at <= {p}
-        ORDER BY due_at, seq LIMIT 1)
-    WHERE s.deleted_at IS NULL AND NOT EXISTS (
-        SELECT 1 FROM delivery WHERE subscription_id = s.id AND {in_flight} AND due_at > {p})),
-held AS (
-    SELECT s.organization_id AS org, COUNT(*) AS slots
+busy AS (
+    SELECT d.subscription_id, s.organization_id AS org
     FROM delivery AS d JOIN subscription AS s ON s.id = d.subscription_id
-    WHERE {in_flight} AND d.due_at > {p} GROUP BY s.organization_id),
+    WHERE {in_flight} AND d.due_at > {p}),
+heads AS MATERIALIZED (
+    SELECT s.organization_id AS org, s.consecutive_failures > 0 AS failing,
+           (SELECT due_at FROM delivery WHERE subscription_id = s.id AND {open} AND due_at <= {p}
+            ORDER BY due_at, seq LIMIT 1) AS due_at,
+           (SELECT event_id FROM delivery WHERE subscription_id = s.id AND {open} AND due_at <= {p}
+            ORDER BY due_at, seq LIMIT 1) AS event_id
+    FROM queued JOIN subscription AS s ON s.id = queued.id
+    WHERE s.deleted_at IS NULL AND s.id NOT IN (SELECT subscription_id FROM busy)),
+held AS (SELECT org, COUNT(*) AS slots FROM busy GROUP BY org),
 turns AS (
     SELECT heads.*, COALESCE(held.slots, 0)
-           + ROW_NUMBER() OVER (PARTITION BY heads.org ORDER BY due_at, seq, event_id) AS turn
-    FROM heads LEFT JOIN held ON held.org = heads.org),
+           + ROW_NUMBER() OVER (PARTITION BY heads.org ORDER BY due_at, event_id) AS turn
+    FROM heads LEFT JOIN held ON held.org = heads.org WHERE heads.event_id IS NOT NULL),
 ranked AS (
-    SELECT turns.*, ROW_NUMBER() OVER (PARTITION BY failing ORDER BY turn, due_at, seq, event_id) AS nth
+    SELECT turns.*, ROW_NUMBER() OVER (PARTITION BY failing ORDER BY turn, due_at, event_id) AS nth
     FROM turns)
 SELECT event_id FROM ranked WHERE NOT failing OR nth <= {p}
-ORDER BY turn, due_at, seq, event_id LIMIT {p}
+ORDER BY turn, due_at, event_id LIMIT {p}
 """
 _ANY_DUE = "SELECT 1 AS due FROM delivery WHERE {open} AND due_at <= {p} AND {live} LIMIT 1"
 

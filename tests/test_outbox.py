@@ -4,10 +4,12 @@ Nothing here makes an HTTP request: attempts are claimed and their outcomes reco
 """
 
 import json
+import re
 import uuid
 
 import pytest
 
+from partner.claims import pick_due
 from partner.errors import ApiError
 from partner.keys import create_key
 from models import Delivery, Event, Failure, Subscription, db
@@ -506,6 +508,18 @@ def test_the_claim_walks_the_queue_index_not_the_deliveries(database, subscripti
     # Only candidates (one per subscription) are sorted; no delivery row is read outside an index.
     assert not [line for line in plan.splitlines() if line.startswith("SCAN") and "INDEX" not in line
                 and "delivery" in line]
+
+
+def test_choosing_what_to_claim_searches_no_index_that_history_grows(database, subscription):
+    """Finished deliveries stay in the delivery table, its primary key and the (subscription, state)
+    index; the choice reads only the partial indexes of open deliveries and subscriptions by id, so
+    a million finished ones cost it nothing (bench/state_scale)."""
+    for offset in range(3):
+        enqueue_ping(subscription, NOW + offset)
+    plan = query_plan(database, lambda: pick_due(NOW + 10, 2, 1))
+    assert set(re.findall(r"USING (?:COVERING )?INDEX (\w+)", plan)) == {
+        "delivery_queue", "delivery_in_flight", "sqlite_autoindex_subscription_1"}
+    assert "PRIMARY KEY" not in plan
 
 
 @pytest.mark.parametrize("position", [None, [NOW + 5, "fail_zzzzzzzzzzzzzzzzzzzz"]], ids=["first", "next"])
