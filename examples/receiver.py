@@ -64,10 +64,14 @@ class ReceiverServer(ThreadingHTTPServer):
 
 
 class WebhookHandler(BaseHTTPRequestHandler):
-    """Answers each POST: 401 unless verified, then 200 "ok" or "duplicate"."""
+    """Answers each POST: 401 unless verified, then 200 "ok" or "duplicate"; a GET
+    answers 200 "listening", for a health check or a script waiting for it."""
 
     server: ReceiverServer
     timeout = 10  # seconds per socket read, so a stalled client frees its thread
+
+    def do_GET(self) -> None:
+        self._reply(200, {"status": "listening"})
 
     def do_POST(self) -> None:
         """Verify one delivery and acknowledge it."""

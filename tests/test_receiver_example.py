@@ -76,6 +76,11 @@ def deliver(
     return session.post(url, data=body, headers=headers, timeout=5)
 
 
+def test_a_get_says_it_is_listening(base_url: str, session: requests.Session) -> None:
+    response = session.get(base_url)  # what the README's first session waits on
+    assert (response.status_code, response.json()) == (200, {"status": "listening"})
+
+
 def test_valid_delivery_is_acknowledged(base_url: str, session: requests.Session) -> None:
     response = deliver(session, base_url, envelope())
     assert (response.status_code, response.json()) == (200, {"status": "ok"})
