@@ -5,7 +5,7 @@ import os
 import sqlite3
 
 from peewee import (SQL, BigIntegerField, BlobField, BooleanField, DatabaseProxy, ForeignKeyField,
-                    IntegerField, Model, ModelIndex, TextField)
+                    IntegerField, Model, ModelIndex, PostgresqlDatabase, TextField)
 from playhouse.db_url import connect
 
 from partner import migrations, sealing, writers
@@ -27,9 +27,10 @@ SQLITE_PRAGMAS = {"journal_mode": "wal", "busy_timeout": 5000, "foreign_keys": 1
 # delivery attempt costs more than the query. `timeout`: seconds to wait for a free connection.
 POOLED_SCHEMES = {"sqlite", "postgres", "postgresql"}
 POOL = {"max_connections": 64, "stale_timeout": 300, "timeout": 10}
-# Recording the successes of a batch is one `UPDATE … RETURNING`, and a claim reads each candidate
-# once from a `MATERIALIZED` query (partner/claims.py): SQLite has both since 3.35.0.
-SQLITE_FLOOR = (3, 35, 0)
+# Recording the successes of a batch is one `UPDATE … RETURNING`, and a claim reads its candidates
+# once from `MATERIALIZED` queries (partner/claims.py): SQLite has both since 3.35.0, PostgreSQL
+# since 12.
+SQLITE_FLOOR, POSTGRESQL_FLOOR = (3, 35, 0), (12,)
 
 db = DatabaseProxy()
 
@@ -40,7 +41,7 @@ def open_database(url: str, migrate: bool = True, sqlite_version: tuple[int, ...
     database per process: a second call re-binds every model. `sqlite_version`: the library's."""
     scheme, rest = url.split("://", 1)
     if scheme.startswith("sqlite"):
-        require_sqlite(sqlite_version)
+        require_version("SQLite", sqlite_version, SQLITE_FLOOR)
     logging.getLogger("peewee").addFilter(QUERY_LOG_FILTER)  # idempotent: one filter instance
     params = dict(POOL)
     if scheme.startswith("sqlite"):
@@ -52,6 +53,10 @@ def open_database(url: str, migrate: bool = True, sqlite_version: tuple[int, ...
     if scheme in POOLED_SCHEMES:
         url = f"{scheme}+pool://{rest}"
     database = connect(url, **params)
+    if isinstance(database, PostgresqlDatabase):  # its version is known once connected
+        with database.connection_context():
+            version = postgresql_version(database.server_version)
+        require_version("PostgreSQL", version, POSTGRESQL_FLOOR)
     db.initialize(database)
     if migrate:
         # One process at a time: the first to open a new SQLite file switches it to WAL, which fails
@@ -61,11 +66,17 @@ def open_database(url: str, migrate: bool = True, sqlite_version: tuple[int, ...
     return database
 
 
-def require_sqlite(version: tuple[int, ...]) -> None:
-    """Refuse, in one line naming both versions, a SQLite older than SQLITE_FLOOR."""
-    if tuple(version) < SQLITE_FLOOR:
-        raise RuntimeError(f"SQLite {_dotted(version)} found; the service needs SQLite {_dotted(SQLITE_FLOOR)} "
-                           "or newer (UPDATE … RETURNING)")
+def require_version(product: str, version: tuple[int, ...], floor: tuple[int, ...]) -> None:
+    """Refuse, in one line naming both versions, a database older than its floor."""
+    if tuple(version) < floor:
+        raise RuntimeError(f"{product} {_dotted(version)} found; the service needs {product} {_dotted(floor)} "
+                           "or newer (UPDATE … RETURNING, MATERIALIZED)")
+
+
+def postgresql_version(number: int) -> tuple[int, ...]:
+    """psycopg2's server_version (150004, or 90605 before 10) as (15, 4), or (9, 6, 5)."""
+    major, rest = divmod(number, 10000)
+    return (major, rest) if major >= 10 else (major, rest // 100, rest % 100)
 
 
 def _dotted(version: tuple[int, ...]) -> str:

@@ -9,30 +9,31 @@ again later (its retry time): deliveries due before it go first.
 
 Fair share: round robin, weighted by what each organization already holds. Each candidate is a
 subscription's oldest due delivery. Within an organization the candidates are numbered 1, 2, ...
-oldest head first (by due time, then event id); a candidate's turn is that number plus the organization's attempts in flight
-now (in every process: the leases in the database). Free slots go in turn order. So when several
-organizations have due deliveries, each gets one slot before any gets a second, and one that
-already holds many slots waits until the others catch up; an organization alone still takes every
-slot. Round robin rather than a fixed per-organization cap: a cap leaves slots idle when few
-organizations are busy, and its size would depend on how many are; turns need no such number.
-Subscriptions within an organization share the same way (one head each, oldest first).
+oldest head first (by due time, then event id); a candidate's turn is that number plus the
+organization's attempts in flight now (in every process: the leases in the database). Free slots go
+in turn order. So when several organizations have due deliveries, each gets one slot before any gets
+a second, and one that already holds many slots waits until the others catch up; an organization
+alone still takes every slot. Round robin rather than a fixed per-organization cap: a cap leaves
+slots idle when few organizations are busy, and its size would depend on how many are; turns need no
+such number. Subscriptions within an organization share the same way (one head each, oldest first).
 Subscriptions whose last attempt failed take at most `failing_limit` of the slots, in turn order.
 
 The candidates are found without reading the backlog or the history: a walk over the
 delivery_queue index visits each subscription with open deliveries once (a loose index scan,
-written as a recursive query because neither database does it on its own) and reads that
-subscription's head from the same index; the attempts in flight come from their own index. A claim
+written as a recursive query because neither database does it on its own) and finds that
+subscription's head in the same index; the attempts in flight come from their own index. A claim
 costs the number of subscriptions with open work and of attempts in flight, not the number of due
-deliveries, nor of finished ones: no step searches an index or table that history grows
-(bench/state_scale).
+deliveries, nor of finished ones: no step searches an index that history grows; each head and each
+attempt in flight reads only its own row (bench/state_scale).
 """
 
 from models import SQL_CONDITIONS
 from partner.database import select_rows
 
 # Portable (SQLite 3.35+ and PostgreSQL 12+: recursive CTEs, window functions, MATERIALIZED), run
-# by database.select_rows. The state conditions are the partial indexes' own, word for word. heads is
-# MATERIALIZED so each head is read once: inlined, its subqueries ran again at every use of a column.
+# by database.select_rows. The state conditions are the partial indexes' own, word for word. heads and
+# busy are MATERIALIZED, so each is read once: inlined, heads' subqueries ran again at every use of a
+# column, and a newer SQLite inlines busy at both of its uses.
 _PICK = """
 WITH RECURSIVE queued (id) AS (
     SELECT * FROM (SELECT subscription_id FROM delivery WHERE {open}
@@ -41,7 +42,7 @@ WITH RECURSIVE queued (id) AS (
     SELECT (SELECT subscription_id FROM delivery WHERE {open} AND subscription_id > queued.id
             ORDER BY subscription_id, due_at LIMIT 1)
     FROM queued WHERE queued.id IS NOT NULL),
-busy AS (
+busy AS MATERIALIZED (
     SELECT d.subscription_id, s.organization_id AS org
     FROM delivery AS d JOIN subscription AS s ON s.id = d.subscription_id
     WHERE {in_flight} AND d.due_at > {p}),

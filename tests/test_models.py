@@ -73,14 +73,27 @@ def test_schema_applied_twice_describes_the_same_database(tmp_path, from_schema)
 @pytest.mark.parametrize("version, shown", [((3, 34, 1), "3.34.1"), ((3, 31, 1), "3.31.1"), ((2, 8, 17), "2.8.17")])
 def test_a_sqlite_older_than_3_35_is_refused_in_one_line(version, shown):
     with pytest.raises(RuntimeError) as refusal:
-        models.require_sqlite(version)
+        models.require_version("SQLite", version, models.SQLITE_FLOOR)
     assert str(refusal.value) == (f"SQLite {shown} found; the service needs SQLite 3.35.0 or newer "
-                                  "(UPDATE … RETURNING)")
+                                  "(UPDATE … RETURNING, MATERIALIZED)")
 
 
 @pytest.mark.parametrize("version", [(3, 35, 0), (3, 40, 1), (4, 0, 0)])
 def test_sqlite_3_35_or_newer_is_accepted(version):
-    models.require_sqlite(version)
+    models.require_version("SQLite", version, models.SQLITE_FLOOR)
+
+
+@pytest.mark.parametrize("number, shown", [(110022, "11.22"), (90605, "9.6.5")])
+def test_a_postgresql_older_than_12_is_refused_in_one_line(number, shown):
+    with pytest.raises(RuntimeError) as refusal:
+        models.require_version("PostgreSQL", models.postgresql_version(number), models.POSTGRESQL_FLOOR)
+    assert str(refusal.value) == (f"PostgreSQL {shown} found; the service needs PostgreSQL 12 or newer "
+                                  "(UPDATE … RETURNING, MATERIALIZED)")
+
+
+@pytest.mark.parametrize("number", [120000, 150004, 170002])
+def test_postgresql_12_or_newer_is_accepted(number):
+    models.require_version("PostgreSQL", models.postgresql_version(number), models.POSTGRESQL_FLOOR)
 
 
 def test_opening_a_sqlite_database_checks_the_version_before_anything_else(tmp_path):
