@@ -3,22 +3,25 @@ that it does not keep, slots shared among organizations, and attempts that never
 The claim is stepped by hand on the real database; one test sends a real backlog to a receiver."""
 
 import os
+import random
 import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from peewee import IntegrityError
 
-from models import Delivery, Failure, Subscription, db
+from models import Delivery, Event, Failure, Organization, Subscription, db
+from partner.claims import pick_due
 from partner.outbox import MAX_UNRECORDED, claim_due, enqueue_test_ping, release
 from partner.outbound.transport import AttemptResult
 from partner.retry import RetryPolicy
 from partner.subscriptions import create_subscription
 from tests.receivers import hang
-from tests.support import queue_in_bulk, record_attempt, refuse_in_sqlite
+from tests.support import queue_in_bulk, record_attempt, refuse_in_sqlite, sealed
 
 NOW = 1_800_000_000_123
 LEASE = 40_000
@@ -133,6 +136,74 @@ def test_failing_subscriptions_keep_their_cap_within_the_share(organization):
     claimed = claim_due(NOW + 10, 8, LEASE, failing_limit=2)
     assert len(claimed) == 2
     assert lone.id in {claim.subscription_id for claim in claimed}
+
+
+# --- the rule as a whole -------------------------------------------------------------------------
+
+def expected_pick(subscriptions: dict, deliveries: list[dict], now: int, limit: int,
+                  failing_limit: int) -> list[str]:
+    """claims.py's docstring, run in Python over plain rows: the event ids pick_due must answer."""
+    leased = [d for d in deliveries if d["state"] == "in_flight" and d["due_at"] > now]
+    busy = {d["subscription"] for d in leased}
+    held = Counter(subscriptions[d["subscription"]]["organization"] for d in leased)
+    heads = []
+    for sid, sub in subscriptions.items():
+        due = [d for d in deliveries if d["subscription"] == sid and d["state"] in ("pending", "in_flight")
+               and d["due_at"] <= now]
+        if due and sub["deleted_at"] is None and sid not in busy:
+            head = min(due, key=lambda d: (d["due_at"], d["seq"]))
+            heads.append({"org": sub["organization"], "failing": sub["consecutive_failures"] > 0,
+                          "due_at": head["due_at"], "event_id": head["event"]})
+    for org in {head["org"] for head in heads}:
+        for rank, head in enumerate(sorted((h for h in heads if h["org"] == org),
+                                           key=lambda h: (h["due_at"], h["event_id"])), 1):
+            head["turn"] = held[org] + rank
+    order = sorted(heads, key=lambda h: (h["turn"], h["due_at"], h["event_id"]))
+    failing = [h for h in order if h["failing"]]
+    return [h["event_id"] for h in order if not h["failing"] or h in failing[:failing_limit]][:limit]
+
+
+def random_state(rng: random.Random) -> tuple[dict, list[dict]]:
+    """Up to 3 organizations and 8 subscriptions (some failing, some deleted), each with up to 5
+    deliveries: pending, in flight under a live or an expired lease, delivered or dead; due times
+    drawn from a few values, so that heads tie."""
+    subscriptions = {f"wh_{n}": {"id": f"wh_{n}", "organization": f"org_{rng.randrange(3)}",
+                                 "consecutive_failures": rng.choice([0, 0, 1]), "created_at": NOW,
+                                 "deleted_at": NOW if rng.random() < 0.15 else None, "url": URL,
+                                 **sealed(f"wh_{n}", "whsec_x")} for n in range(rng.randint(1, 8))}
+    deliveries = [{"event": f"evt_{rng.getrandbits(64):016x}", "subscription": sid, "seq": seq,
+                   "state": rng.choice(["pending", "pending", "in_flight", "delivered", "dead"]),
+                   "due_at": NOW + rng.randint(-3, 3)}
+                  for sid in subscriptions for seq in range(1, rng.randint(1, 5) + 1)]
+    return subscriptions, deliveries
+
+
+def describe(subscriptions: dict, deliveries: list[dict], now: int) -> str:
+    """A failing state, briefly: times relative to `now`."""
+    subs = [(s["id"], s["organization"], s["consecutive_failures"], s["deleted_at"] is not None)
+            for s in subscriptions.values()]
+    rows = [(d["event"], d["subscription"], d["state"], d["due_at"] - now, d["seq"]) for d in deliveries]
+    return (f"subscriptions (id, org, failures, deleted) {subs}; "
+            f"deliveries (id, subscription, state, due in, seq) {rows}")
+
+
+@pytest.mark.both_databases
+def test_every_claim_follows_the_rule_on_random_backlogs(database, backend):
+    rng = random.Random(20261126)
+    for _ in range(150 if backend == "sqlite" else 40):
+        subscriptions, deliveries = random_state(rng)
+        with db.atomic():
+            for model in (Delivery, Event, Subscription, Organization):
+                model.delete().execute()
+            Organization.insert_many([{"id": f"org_{n}", "slug": f"org-{n}", "created_at": NOW}
+                                      for n in range(3)]).execute()
+            Subscription.insert_many(list(subscriptions.values())).execute()
+            Event.insert_many([{"id": d["event"], "subscription": d["subscription"], "kind": "k", "body": b"{}",
+                                "created_at": NOW} for d in deliveries]).execute()
+            Delivery.insert_many(deliveries).execute()
+        for now, limit, failing_limit in [(NOW, 8, 8), (NOW + 1, rng.randint(1, 4), rng.randint(0, 2))]:
+            assert pick_due(now, limit, failing_limit) == expected_pick(
+                subscriptions, deliveries, now, limit, failing_limit), describe(subscriptions, deliveries, now)
 
 
 # --- attempts whose outcome is never recorded ---------------------------------------------------
