@@ -2,14 +2,16 @@
 
 import logging
 import os
+from typing import NoReturn
 
+import click
 from flask import Blueprint, Flask, current_app, g, request
 from playhouse.shortcuts import model_to_dict
 from werkzeug.exceptions import NotFound
 from werkzeug.middleware.proxy_fix import ProxyFix
 
 from delivery import Dispatcher
-from models import db, open_database
+from models import DatabaseTooOld, db, open_database
 from partner import sealing
 from partner.availability import database_outage, describe, is_unavailable
 from partner.backup import hold_serving_lock, sqlite_path
@@ -89,15 +91,22 @@ def _open_database(url: str, migrate: bool):
     """open_database, saying in one line which database could not be opened (or is too new) and why."""
     try:
         return open_database(url, migrate)
-    except SchemaTooNew as error:
-        log.error("database %s refused: %s", database_name(url), error)
-        raise
+    except (SchemaTooNew, DatabaseTooOld) as error:
+        _refuse(error, "database %s refused: %s", database_name(url), error)
     except Exception as error:
         if is_unavailable(error):
-            log.error("database %s cannot be opened (%s): the service cannot start until it can (SQLite "
-                      "on a full disk: free room for its -wal and -shm files)", database_name(url),
-                      describe(error))
+            _refuse(error, "database %s cannot be opened (%s): the service cannot start until it can (SQLite "
+                    "on a full disk: free room for its -wal and -shm files)", database_name(url), describe(error))
         raise
+
+
+def _refuse(error: Exception, message: str, *args) -> NoReturn:
+    """Say in one line why the service cannot start. A `flask` command then exits 1 without a
+    traceback (the line says it all); elsewhere the error is raised (gunicorn: the worker fails to boot)."""
+    log.error(message, *args)
+    if click.get_current_context(silent=True) is not None:
+        raise click.exceptions.Exit(1) from error
+    raise error
 
 
 def _load_keys(app: Flask) -> None:
@@ -107,16 +116,14 @@ def _load_keys(app: Flask) -> None:
     try:
         sealing.use(sealing.load_keyring(app.config["ENCRYPTION_KEYS"], key_file, url.startswith("sqlite")))
     except sealing.SealingError as error:
-        log.error("refusing to start: %s", error)
-        raise
+        _refuse(error, "refusing to start: %s", error)
 
 
 def _refuse_unknown_keys(app: Flask) -> None:
     try:
         check_stored_keys()
     except sealing.SealingError as error:
-        log.error("database %s refused: %s", database_name(app.config["DATABASE_URL"]), error)
-        raise
+        _refuse(error, "database %s refused: %s", database_name(app.config["DATABASE_URL"]), error)
 
 
 def _say_if_the_database_cannot_write(app: Flask) -> None:

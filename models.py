@@ -66,10 +66,14 @@ def open_database(url: str, migrate: bool = True, sqlite_version: tuple[int, ...
     return database
 
 
+class DatabaseTooOld(RuntimeError):
+    """A SQLite or PostgreSQL older than the code needs."""
+
+
 def require_version(product: str, version: tuple[int, ...], floor: tuple[int, ...]) -> None:
     """Refuse, in one line naming both versions, a database older than its floor."""
     if tuple(version) < floor:
-        raise RuntimeError(f"{product} {_dotted(version)} found; the service needs {product} {_dotted(floor)} "
+        raise DatabaseTooOld(f"{product} {_dotted(version)} found; the service needs {product} {_dotted(floor)} "
                            "or newer (UPDATE … RETURNING, MATERIALIZED)")
 
 
