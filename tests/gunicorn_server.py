@@ -39,10 +39,15 @@ def server_env(database_url):
     return env
 
 
+def run_flask(env, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    """The operator CLI in a process of its own, as an operator runs it, with `env` as its environment."""
+    return subprocess.run([BIN / "flask", *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
 def flask(env, *args: str) -> str:
     """Run the operator CLI in a process of its own, as an operator would; its last line."""
-    result = subprocess.run([BIN / "flask", *args], cwd=ROOT, env=env, capture_output=True, text=True,
-                            timeout=30)
+    result = run_flask(env, *args, timeout=30)
     assert result.returncode == 0, result.stderr
     return result.stdout.strip().splitlines()[-1]
 

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from tests.gunicorn_server import BIN, ROOT, STOP_SECONDS, Gunicorn, PingLoad, flask
+from tests.gunicorn_server import STOP_SECONDS, Gunicorn, PingLoad, flask, run_flask
 from tests.receivers import Receiver
 from tests.test_migrations import assert_no_plaintext_secret, build_release
 
@@ -24,8 +24,7 @@ def slow_ok(handler):
 
 
 def flask_db(env, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([BIN / "flask", "db", *args], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=60)
+    return run_flask(env, "db", *args)
 
 
 def rows(path, sql: str) -> list:

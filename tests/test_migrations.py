@@ -17,7 +17,7 @@ from partner import migrations, sealing
 from partner.migrations import SchemaTooNew
 from tests import test_models, test_postgres
 from tests.fixtures.release_rows import RELEASES, ROWS, SECRETS, schema_sql
-from tests.gunicorn_server import BIN, ROOT
+from tests.gunicorn_server import run_flask
 from tests.support import free_port, run_together
 
 pytestmark = pytest.mark.both_databases
@@ -128,14 +128,14 @@ def test_a_database_newer_than_the_code_is_refused_and_left_untouched(database_u
     assert history(database_url) == before
     refusals = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
     assert len(refusals) == 1 and f"version {LATEST + 1}" in refusals[0]
-    operator = run_flask(database_url, "keys", "list")  # an operator's command says the same, no more
+    operator = flask_on(database_url, "keys", "list")  # an operator's command says the same, no more
     assert (operator.returncode, operator.stdout) == (1, "")
     assert operator.stderr.strip().splitlines() == refusals
 
 
 def test_an_operator_command_on_a_database_that_cannot_be_opened_says_why_in_one_line():
     url = f"postgresql://partner@127.0.0.1:{free_port()}/partner"  # nothing listens there
-    operator = run_flask(url, "keys", "list")
+    operator = flask_on(url, "keys", "list")
     assert (operator.returncode, operator.stdout) == (1, "")
     [line] = operator.stderr.strip().splitlines()
     assert line.startswith(f"database {url} cannot be opened (OperationalError: connection to server at "), line
@@ -155,15 +155,14 @@ def test_a_start_on_an_up_to_date_database_runs_no_ddl(tmp_path):
     assert schema_cookie(path) == cookie
 
 
-def run_flask(database_url: str, *args: str) -> subprocess.CompletedProcess:
+def flask_on(database_url: str, *args: str) -> subprocess.CompletedProcess:
     """An operator's `flask` command, in a process of its own, on the database at the URL."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLASK_")}
-    return subprocess.run([BIN / "flask", *args], cwd=ROOT, capture_output=True, text=True, timeout=60,
-                          env={**env, "PARTNER_DATABASE_URL": database_url})
+    return run_flask({**env, "PARTNER_DATABASE_URL": database_url}, *args)
 
 
 def flask_db(database_url: str, *args: str) -> subprocess.CompletedProcess:
-    return run_flask(database_url, "db", *args)
+    return flask_on(database_url, "db", *args)
 
 
 def test_db_status_and_upgrade_as_an_operator_runs_them(database_url):
