@@ -3,6 +3,8 @@
 Every function takes the current time as an argument. A claim is one short write transaction that
 takes deliveries under a lease and reads what their attempts need; HTTP happens outside any
 transaction; recording an outcome is a second short write that only counts if the lease is still ours.
+It locks the delivery before its subscription: whatever else takes both does the same
+(subscriptions.delete_subscription), or PostgreSQL can find the two waiting for each other.
 """
 
 import hmac

@@ -95,10 +95,12 @@ def list_subscriptions(org_id: str, position: list | None, limit: int):
 
 def delete_subscription(subscription: Subscription, now_ms: int) -> None:
     """Delete it at once for the partner (404, not listed, nothing more sent) in one short write;
-    its events, deliveries and failures go later, in batches (retention.purge_deleted)."""
+    its events, deliveries and failures go later, in batches (retention.purge_deleted). The delivery
+    in flight is locked before the subscription, as recording its outcome does (outbox): in the other
+    order each waits for the other, and PostgreSQL rolls one back as a deadlock."""
     with write_transaction():
-        Subscription.update(deleted_at=now_ms).where((Subscription.id == subscription.id) & LIVE).execute()
         run_sql(_DROP_LEASES, (subscription.id,))
+        Subscription.update(deleted_at=now_ms).where((Subscription.id == subscription.id) & LIVE).execute()
 
 
 def subscriptions_overview(slug: str | None = None, disabled_only: bool = False) -> list[Subscription]:

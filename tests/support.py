@@ -79,6 +79,16 @@ def run_together(*work: Callable[[], object]) -> list[Exception]:
     return errors
 
 
+def eventually(condition: Callable[[], object], seconds: float = 5.0, pause: float = 0.05) -> bool:
+    """Whether `condition()` comes true within `seconds`, asked again every `pause`."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(pause)
+    return True
+
+
 def query_plan(database, action) -> str:
     """Run `action` and return the SQLite query plans of the statements it ran, as one text."""
     statements = []

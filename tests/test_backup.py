@@ -10,6 +10,7 @@ import pytest
 
 from tests.gunicorn_server import STOP_SECONDS, Gunicorn, PingLoad, flask, run_flask
 from tests.receivers import Receiver
+from tests.support import eventually
 from tests.test_migrations import assert_no_plaintext_secret, build_release
 
 FEEDERS = 4
@@ -70,10 +71,7 @@ def test_a_backup_under_load_restores_every_acknowledged_event_and_delivers_the_
 
         restored = Gunicorn(fresh, tmp_path / "restored")
         restored.wait_until_serving(session)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and still_pending(database, pending):
-            time.sleep(0.2)
-        assert not still_pending(database, pending)
+        assert eventually(lambda: not still_pending(database, pending), seconds=30, pause=0.2)
     finally:
         if load is not None:
             load.stop()

@@ -4,6 +4,9 @@ Every test gets a database of its own (`postgres_url`: an empty schema). The HTT
 test_webhooks.py and test_delivery.py run here too: they are marked `both_databases`.
 """
 
+import threading
+
+import psycopg2
 import pytest
 from peewee import PostgresqlDatabase
 
@@ -14,8 +17,10 @@ from partner.errors import ValidationError
 from models import ApiKey, Delivery, Event, Failure, Organization, Setting, Subscription, db, open_database
 from partner.database import is_sqlite
 from partner.database import write_transaction
+from partner.outbound.transport import AttemptResult
 from partner.outbox import _holds_lease, claim_due, enqueue
-from partner.subscriptions import MAX_SUBSCRIPTIONS, create_subscription
+from partner.retry import RetryPolicy
+from partner.subscriptions import MAX_SUBSCRIPTIONS, create_subscription, delete_subscription
 
 
 @pytest.fixture
@@ -178,3 +183,46 @@ def test_a_lease_being_recorded_is_not_taken_over_meanwhile(database):
         taken = []
         assert run_together(1, lambda: taken.extend(claim_due(1 + 1000, 10, 1000))) == []
         assert taken == []
+
+
+def waiting_for_a_lock(watcher) -> int:
+    """How many of the server's sessions wait for a lock another holds."""
+    with watcher.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                       "AND datname = current_database()")
+        return cursor.fetchone()[0]
+
+
+def test_a_delete_and_the_outcome_it_races_wait_in_line_not_in_a_cycle(database, postgres_url):
+    """A partner deletes a subscription while its attempt's outcome is written: both lock the
+    delivery before the subscription. In the other order each would hold what the other waits for,
+    and PostgreSQL would roll one back as a deadlock (a 503 to the partner, or an outage logged).
+
+    A third session holds the delivery first, so that the outcome and then the delete queue for it,
+    in that order; it lets go, and both must finish."""
+    org = Organization.create(id="org_1", slug="acme", created_at=1)
+    subscription = create_subscription(org.id, "https://x.example/", None, 1)
+    enqueue(subscription, "vc.test.ping", {}, 1)
+    [claim] = claim_due(1, 10, 1000)
+    holder, watcher = psycopg2.connect(postgres_url), psycopg2.connect(postgres_url)
+    watcher.autocommit = True
+    try:
+        holder.cursor().execute("SELECT 1 FROM delivery WHERE event_id = %s FOR UPDATE", (claim.event_id,))
+        failed = AttemptResult(False, 500, "http_status", "", 5)
+        recorded, errors = [], []
+        record = lambda: recorded.append(support.record_attempt(claim, failed, 2, 7, RetryPolicy([60], 20), 0))  # noqa: E731
+        delete = lambda: delete_subscription(subscription, 3)  # noqa: E731
+        threads = [threading.Thread(target=lambda step=step: errors.extend(run_together(1, step)))
+                   for step in (record, delete)]
+        for queued, thread in enumerate(threads, 1):  # the outcome queues first, then the delete
+            thread.start()
+            assert support.eventually(lambda: waiting_for_a_lock(watcher) == queued)
+        holder.commit()
+        for thread in threads:
+            thread.join(10)
+    finally:
+        holder.close()
+        watcher.close()
+    assert errors == []
+    assert recorded[0].recorded and Failure.select().count() == 1
+    assert Subscription.get_by_id(subscription.id).deleted_at == 3
