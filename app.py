@@ -32,7 +32,7 @@ from partner.migrations import SchemaTooNew
 from partner.operator.cli import COMMANDS, runs_a_schema_command
 from partner.operator.logs import database_name
 from partner.outbound.dns import Lookups
-from partner.outbox import TEST_PING, failures_page, trigger_test_ping
+from partner.events import TEST_PING, failures_page, trigger_test_ping
 from partner.subscriptions import (create_subscription, delete_subscription, find_subscription, list_subscriptions,
                                    subscription_fields)
 from partner.timestamps import iso, now_ms, to_ms

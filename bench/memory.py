@@ -1,7 +1,7 @@
 """memory: peak RSS of the gunicorn worker (the process that serves and delivers) while a backlog
 of due deliveries drains into the fast receiver.
 
-The backlog is written before the server starts, with the service's own `outbox.enqueue_test_ping`
+The backlog is written before the server starts, with the service's own `events.enqueue_test_ping`
 inside `create_app(...)` (the scheduler is off there): quick to build, and the same rows a
 POST .../test writes. The worker is found as the gunicorn master's one child; its VmHWM (peak
 resident set) is read from /proc when the last delivery has arrived.
@@ -30,7 +30,7 @@ def queue_backlog(service: Service, receiver: Receiver, events: int) -> None:
     sys.path.insert(0, str(SERVICE_ROOT))
     from app import create_app
     from models import Subscription, db
-    from partner.outbox import enqueue_test_ping
+    from partner.events import enqueue_test_ping
 
     create_app({"DATABASE_URL": f"sqlite:///{service.database}", "SCHEDULER_ENABLED": False})
     now_ms = int(time.time() * 1000)

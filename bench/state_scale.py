@@ -6,7 +6,7 @@ subscriptions and the same 100 due deliveries, plus SMALL or LARGE historical ev
 finished delivery (delivered or dead) and a failure record; 90 % of the failures belong to one
 "hot" subscription, whose audit is paged. The service's own functions are then timed on each,
 alternating between the two in rounds: `outbox.claim_due` (in a transaction rolled back each
-time, so every call sees the same due work) and `outbox.failures_page`, first page and a page
+time, so every call sees the same due work) and `events.failures_page`, first page and a page
 from a cursor in the middle of the hot subscription's history. The SQL they send is captured and
 shown with EXPLAIN QUERY PLAN.
 """
@@ -37,10 +37,10 @@ DAY_MS = 86_400_000
 
 sys.path.insert(0, str(SERVICE_ROOT))
 from partner import backlog  # noqa: E402  (the service's modules, from SERVICE_ROOT)
-from partner import outbox  # noqa: E402
+from partner import events, outbox  # noqa: E402
 from partner import retention  # noqa: E402
 from app import create_app  # noqa: E402
-from models import Subscription, db, open_database  # noqa: E402
+from models import Failure, Subscription, db, open_database  # noqa: E402
 from peewee import SqliteDatabase  # noqa: E402
 
 try:  # release 1.2: schema versions, sealed secrets
@@ -141,10 +141,10 @@ class Database:
         self.database = open_database(f"sqlite:///{path}")
         with db.connection_context():
             self.hot = Subscription.get_by_id("wh_00000000000000000000")
-            count = outbox.Failure.select().where(outbox.Failure.subscription == self.hot).count()
-            middle = (outbox.Failure.select(outbox.Failure.attempted_at, outbox.Failure.id)
-                      .where(outbox.Failure.subscription == self.hot)
-                      .order_by(outbox.Failure.attempted_at.desc(), outbox.Failure.id.desc())
+            count = Failure.select().where(Failure.subscription == self.hot).count()
+            middle = (Failure.select(Failure.attempted_at, Failure.id)
+                      .where(Failure.subscription == self.hot)
+                      .order_by(Failure.attempted_at.desc(), Failure.id.desc())
                       .offset(count // 2).limit(1).tuples().first())
         self.hot_failures = count
         self.middle = list(middle)
@@ -159,11 +159,11 @@ class Database:
         assert len(claims) == 8, claims
 
     def first_page(self) -> None:
-        rows, position = outbox.failures_page(self.hot, None, PAGE)
+        rows, position = events.failures_page(self.hot, None, PAGE)
         assert len(rows) == PAGE and position
 
     def deep_page(self) -> None:
-        rows, position = outbox.failures_page(self.hot, self.middle, PAGE)
+        rows, position = events.failures_page(self.hot, self.middle, PAGE)
         assert len(rows) == PAGE and position
 
 

@@ -1,4 +1,5 @@
-"""The durable delivery queue: enqueue events, claim due deliveries, record each attempt's outcome.
+"""The durable delivery queue's engine: claim due deliveries, record each attempt's outcome.
+(Events come in through partner/events.py.)
 
 Every function takes the current time as an argument. A claim is one short write transaction that
 takes deliveries under a lease and reads what their attempts need; HTTP happens outside any
@@ -7,36 +8,26 @@ It locks the delivery before its subscription: whatever else takes both does the
 (subscriptions.delete_subscription), or PostgreSQL can find the two waiting for each other.
 """
 
-import hmac
-import json
 import logging
 import secrets
 import time
-import uuid
 from dataclasses import dataclass, field
 
-from models import IS_OPEN, SQL_CONDITIONS, Delivery, Event, Failure, Subscription
+from models import IS_OPEN, SQL_CONDITIONS, Delivery, Failure, Subscription
 from partner.claims import pick_due
 from partner.config import DEFAULTS
-from partner.database import is_sqlite, keyset_page, new_id, run_sql, select_rows, value_rows, write_transaction
-from partner.errors import ApiError
+from partner.database import is_sqlite, new_id, run_sql, select_rows, value_rows, write_transaction
 from partner.outbound.transport import AttemptResult
 from partner.retry import RetryPolicy
 from partner.sealing import SealingError, open_secret
-from partner.subscriptions import find_subscription
-from partner.timestamps import iso
 
 log = logging.getLogger(__name__)
-
-TEST_PING = "vc.test.ping"
 
 # Every attempt runs these, so they are written once as SQL rather than built by the ORM each time:
 # peewee spent more of the dispatcher's CPU compiling them than SQLite spent running them
 # (bench/delivery_throughput). Portable, like keys._KEY_LOOKUP, and run by database.run_sql, which
 # fills every {name} in one pass; the state conditions are the partial indexes' own (models), so
 # the indexes still apply.
-_ENQUEUE = ('INSERT INTO delivery (event_id, subscription_id, state, due_at, seq) VALUES ({p}, {p}, {p}, {p}, '
-            '(SELECT COALESCE(MAX(seq), 0) + 1 FROM delivery WHERE subscription_id = {p} AND {open}))')
 # Takes the picked deliveries (claims.pick_due) that are still due and whose subscription is not
 # deleted: the pick was read before this statement, another process may have taken one or deleted its
 # subscription since, and on PostgreSQL SKIP LOCKED passes over one it is taking. A delivery in flight
@@ -101,42 +92,6 @@ NOT_RECORDED = Recorded(False)
 # dead-lettered with this result instead of being sent again.
 MAX_UNRECORDED = 3
 NEVER_RECORDED = AttemptResult(False, None, "not_recorded", "", 0)
-
-
-def trigger_test_ping(org_id: str, subscription_id: str, secret: str, key_id: str,
-                      now_ms: int) -> Event:
-    """The partner's test trigger: 404 unless the organization has the subscription, 403 unless
-    `secret` is its secret, 409 once it is disabled, else a vc.test.ping queued. One transaction, so
-    an auto-disable cannot commit between the check and the enqueue."""
-    with write_transaction():
-        subscription = find_subscription(org_id, subscription_id)
-        if not hmac.compare_digest(secret.encode(), subscription.secret.encode()):
-            raise ApiError(403, "secret_mismatch", "The secret does not match this subscription's.")
-        if not subscription.active:
-            raise ApiError(409, "subscription_disabled",
-                           "The subscription was auto-disabled after repeated failures.")
-        return enqueue_test_ping(subscription, key_id, now_ms)
-
-
-def enqueue_test_ping(subscription: Subscription, key_id: str, now_ms: int) -> Event:
-    """Create a vc.test.ping for the subscription, due at once; committed before the caller answers,
-    so an accepted request survives a crash."""
-    data = {"message": "This is a test ping from the Partner Integration Service.",
-            "triggered_by_key_id": key_id}
-    return enqueue(subscription, TEST_PING, data, now_ms)
-
-
-def enqueue(subscription: Subscription, kind: str, data: dict, now_ms: int) -> Event:
-    """Serialize the envelope once (every attempt sends these bytes) and queue its delivery."""
-    event_id = f"evt_{uuid.uuid4()}"
-    envelope = {"event": kind, "id": event_id, "subscription_id": subscription.id,
-                "occurred_at": iso(now_ms), "data": data}
-    body = json.dumps(envelope, separators=(",", ":"), ensure_ascii=False).encode()
-    with write_transaction():
-        event = Event.create(id=event_id, subscription=subscription, kind=kind, body=body,
-                             created_at=now_ms)
-        run_sql(_ENQUEUE, (event_id, subscription.id, Delivery.PENDING, now_ms, subscription.id), **SQL_CONDITIONS)
-    return event
 
 
 def claim_due(now_ms: int, limit: int, lease_ms: int, failing_limit: int | None = None,
@@ -279,12 +234,6 @@ def release(claims: list[Claim], now_ms: int) -> int:
 def _release(lease_token: str, event_id: str, state: str, due_at: int | None) -> int:
     """Give back a claimed delivery (pending, due again) or dead-letter it (dead, no due time)."""
     return run_sql(_RELEASE, (state, due_at, lease_token, event_id), **SQL_CONDITIONS).rowcount
-
-
-def failures_page(subscription: Subscription, position: list | None, limit: int):
-    """A page of the subscription's failure records, newest first, and the next position."""
-    query = Failure.select(Failure, Event.kind).join(Event).where(Failure.subscription == subscription)
-    return keyset_page(query, (Failure.attempted_at, Failure.id), position, limit, newest_first=True)
 
 
 def _holds_lease(claim: Claim) -> bool:

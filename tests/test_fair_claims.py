@@ -16,7 +16,8 @@ from peewee import IntegrityError
 
 from models import Delivery, Event, Failure, Organization, Subscription, db
 from partner.claims import pick_due
-from partner.outbox import MAX_UNRECORDED, claim_due, enqueue_test_ping, release
+from partner.events import enqueue_test_ping
+from partner.outbox import MAX_UNRECORDED, claim_due, release
 from partner.outbound.transport import AttemptResult
 from partner.retry import RetryPolicy
 from partner.subscriptions import create_subscription

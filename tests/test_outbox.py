@@ -13,7 +13,8 @@ from partner.claims import pick_due
 from partner.errors import ApiError
 from partner.keys import create_key
 from models import Delivery, Event, Failure, Subscription, db
-from partner.outbox import NOT_RECORDED, Recorded, claim_due, enqueue_test_ping, failures_page, trigger_test_ping
+from partner.events import enqueue_test_ping, failures_page, trigger_test_ping
+from partner.outbox import NOT_RECORDED, Recorded, claim_due
 from partner.retry import RetryPolicy
 from partner.retention import purge_deleted
 from partner.subscriptions import create_subscription, delete_subscription

@@ -18,7 +18,8 @@ from models import ApiKey, Delivery, Event, Failure, Organization, Setting, Subs
 from partner.database import is_sqlite
 from partner.database import write_transaction
 from partner.outbound.transport import AttemptResult
-from partner.outbox import _holds_lease, claim_due, enqueue
+from partner.events import enqueue
+from partner.outbox import _holds_lease, claim_due
 from partner.retry import RetryPolicy
 from partner.subscriptions import MAX_SUBSCRIPTIONS, create_subscription, delete_subscription
 
