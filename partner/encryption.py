@@ -1,16 +1,23 @@
 """Sealed webhook secrets in the database: the start-up check that every one can be opened, and
 re-sealing under the first configured key (`flask encryption rotate`)."""
 
+import time
 from dataclasses import dataclass
 
 from partner import sealing
-from partner.database import run_sql, write_transaction
+from partner.database import is_sqlite, run_sql, write_transaction
 
 # Small batches: each is one short write transaction, so deliveries and API writes keep flowing.
 ROTATE_BATCH = 50
 
+# Waits for no row: one another transaction holds is left for a later batch. A batch of outcomes
+# (outbox.write_outcomes) locks its subscriptions in its own order, and a rotation that held some
+# while it waited for another could wait in a cycle with it: PostgreSQL would roll one back.
 _STALE = ("SELECT id, secret_key_id, secret_sealed FROM subscription "
-          "WHERE secret_key_id <> {p} ORDER BY id LIMIT {p}")
+          "WHERE secret_key_id <> {p} ORDER BY id LIMIT {p}{lock}")
+_ANY_STALE = "SELECT 1 FROM subscription WHERE secret_key_id <> {p} LIMIT 1"
+# How long to wait before coming back for rows that other transactions held (seconds).
+HELD_PAUSE = 0.01
 _RESEAL = ("UPDATE subscription SET secret_key_id = {p}, secret_sealed = {p} "
            "WHERE id = {p} AND secret_key_id = {p}")
 
@@ -31,15 +38,18 @@ class Rotated:
 
 
 def rotate(batch: int = ROTATE_BATCH) -> Rotated:
-    """Re-seal every secret not sealed under the first key, `batch` rows per transaction. A row
-    changed meanwhile (deleted, or re-sealed by another rotation) is skipped."""
+    """Re-seal every secret not sealed under the first key, `batch` rows per transaction, until none
+    is left. A row changed meanwhile (deleted, or re-sealed by another rotation) is skipped."""
     ring, resealed = sealing.keyring(), 0
+    lock = "" if is_sqlite() else " FOR UPDATE SKIP LOCKED"
     while True:
         with write_transaction():
-            rows = run_sql(_STALE, (ring.sealing_id, batch)).fetchall()
+            rows = run_sql(_STALE, (ring.sealing_id, batch), lock=lock).fetchall()
             for subscription_id, key_id, sealed in rows:
                 secret = ring.open(subscription_id, key_id, sealed)
                 new_key_id, new_sealed = ring.seal(subscription_id, secret)
                 resealed += run_sql(_RESEAL, (new_key_id, new_sealed, subscription_id, key_id)).rowcount
         if len(rows) < batch:
-            return Rotated(resealed, ring.sealing_id)
+            if not run_sql(_ANY_STALE, (ring.sealing_id,)).fetchone():
+                return Rotated(resealed, ring.sealing_id)
+            time.sleep(HELD_PAUSE)  # the rest were held by other transactions

@@ -21,6 +21,8 @@ PUBLIC_URL = "https://hooks.partner.example/h"  # resolves to PUBLIC_IP through 
 # The suite's PARTNER_ENCRYPTION_KEYS (PostgreSQL refuses to start without; unset, SQLite would write
 # a key file into the repository's instance folder).
 ENCRYPTION_KEYS = ["c3VpdGUta2V5LW5vdC1zZWNyZXQtMzItYnl0ZXMhISE"]
+# A second key, for rotations: put first, it seals, and the suite's key only opens.
+NEW_ENCRYPTION_KEY = "bmV3LWtleS1mb3ItdGhlLXJvdGF0aW9uLXRlc3QhISE"
 
 def bearer(key: str) -> dict:
     """The Authorization header carrying `key`."""

@@ -13,13 +13,13 @@ from app import create_app
 from models import Subscription, db
 from partner import sealing
 from partner.encryption import check_stored_keys
-from tests.support import ENCRYPTION_KEYS
+from tests.support import ENCRYPTION_KEYS, NEW_ENCRYPTION_KEY
 from tests.test_migrations import assert_no_plaintext_secret
 
 pytestmark = [pytest.mark.both_databases, pytest.mark.config(WEBHOOK_ALLOWED_NETWORKS=["127.0.0.0/8"])]
 
 OLD = ENCRYPTION_KEYS[0]
-NEW = "bmV3LWtleS1mb3ItdGhlLXJvdGF0aW9uLXRlc3QhISE"
+NEW = NEW_ENCRYPTION_KEY
 WEBHOOKS = "/api/v1/partner/webhooks"
 
 

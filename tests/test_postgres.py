@@ -11,7 +11,7 @@ import pytest
 from peewee import PostgresqlDatabase
 
 import models
-from partner import migrations
+from partner import encryption, migrations, sealing
 from tests import support
 from partner.errors import ValidationError
 from models import ApiKey, Delivery, Event, Failure, Organization, Setting, Subscription, db, open_database
@@ -19,7 +19,7 @@ from partner.database import is_sqlite
 from partner.database import write_transaction
 from partner.outbound.transport import AttemptResult
 from partner.events import enqueue
-from partner.outbox import _holds_lease, claim_due
+from partner.outbox import Outcome, _holds_lease, claim_due, write_outcomes
 from partner.retry import RetryPolicy
 from partner.subscriptions import MAX_SUBSCRIPTIONS, create_subscription, delete_subscription
 
@@ -186,12 +186,39 @@ def test_a_lease_being_recorded_is_not_taken_over_meanwhile(database):
         assert taken == []
 
 
-def waiting_for_a_lock(watcher) -> int:
-    """How many of the server's sessions wait for a lock another holds."""
-    with watcher.cursor() as cursor:
-        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                       "AND datname = current_database()")
-        return cursor.fetchone()[0]
+def sessions_waiting(count: int):
+    """A condition on the server: `count` sessions wait for a lock another holds."""
+    def waiting(watcher) -> bool:
+        with watcher.cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                           "AND datname = current_database()")
+            return cursor.fetchone()[0] == count
+    return waiting
+
+
+def race_behind_a_held_delivery(postgres_url: str, event_id: str, *steps) -> list[Exception]:
+    """Hold the delivery's row in a session of its own, and start each `(work, under_way)` in turn,
+    on a thread with its own connection: the next once `under_way(watcher)`, asked in another session,
+    is true. Then let go of the row and wait for the works; returns what they raised."""
+    holder, watcher = psycopg2.connect(postgres_url), psycopg2.connect(postgres_url)
+    watcher.autocommit = True
+    errors, threads = [], []
+    try:
+        holder.cursor().execute("SELECT 1 FROM delivery WHERE event_id = %s FOR UPDATE", (event_id,))
+        for work, under_way in steps:
+            threads.append(threading.Thread(target=lambda work=work: errors.extend(run_together(1, work))))
+            threads[-1].start()
+            assert support.eventually(lambda: under_way(watcher))
+        holder.commit()
+        for thread in threads:
+            thread.join(10)
+    finally:
+        holder.close()
+        watcher.close()
+    return errors
+
+
+FAILED = AttemptResult(False, 500, "http_status", "", 5)
 
 
 def test_a_delete_and_the_outcome_it_races_wait_in_line_not_in_a_cycle(database, postgres_url):
@@ -199,31 +226,51 @@ def test_a_delete_and_the_outcome_it_races_wait_in_line_not_in_a_cycle(database,
     delivery before the subscription. In the other order each would hold what the other waits for,
     and PostgreSQL would roll one back as a deadlock (a 503 to the partner, or an outage logged).
 
-    A third session holds the delivery first, so that the outcome and then the delete queue for it,
-    in that order; it lets go, and both must finish."""
+    The outcome queues for the held delivery first, then the delete."""
     org = Organization.create(id="org_1", slug="acme", created_at=1)
     subscription = create_subscription(org.id, "https://x.example/", None, 1)
     enqueue(subscription, "vc.test.ping", {}, 1)
     [claim] = claim_due(1, 10, 1000)
-    holder, watcher = psycopg2.connect(postgres_url), psycopg2.connect(postgres_url)
-    watcher.autocommit = True
-    try:
-        holder.cursor().execute("SELECT 1 FROM delivery WHERE event_id = %s FOR UPDATE", (claim.event_id,))
-        failed = AttemptResult(False, 500, "http_status", "", 5)
-        recorded, errors = [], []
-        record = lambda: recorded.append(support.record_attempt(claim, failed, 2, 7, RetryPolicy([60], 20), 0))  # noqa: E731
-        delete = lambda: delete_subscription(subscription, 3)  # noqa: E731
-        threads = [threading.Thread(target=lambda step=step: errors.extend(run_together(1, step)))
-                   for step in (record, delete)]
-        for queued, thread in enumerate(threads, 1):  # the outcome queues first, then the delete
-            thread.start()
-            assert support.eventually(lambda: waiting_for_a_lock(watcher) == queued)
-        holder.commit()
-        for thread in threads:
-            thread.join(10)
-    finally:
-        holder.close()
-        watcher.close()
+    recorded = []
+    errors = race_behind_a_held_delivery(
+        postgres_url, claim.event_id,
+        (lambda: recorded.append(support.record_attempt(claim, FAILED, 2, 7, RetryPolicy([60], 20), 0)),
+         sessions_waiting(1)),
+        (lambda: delete_subscription(subscription, 3), sessions_waiting(2)))
     assert errors == []
     assert recorded[0].recorded and Failure.select().count() == 1
     assert Subscription.get_by_id(subscription.id).deleted_at == 3
+
+
+def test_a_key_rotation_never_waits_in_a_cycle_with_a_batch_of_outcomes(database, postgres_url):
+    """`flask encryption rotate` re-seals subscriptions in batches, in id order, while the service
+    runs; a batch of outcomes (group_commit) locks each attempt's delivery and then its subscription,
+    in the batch's order. Two failures, the higher id's first: the batch holds that subscription and
+    waits for the lower one. A rotation that then held the lower one while it waited for the higher
+    would close the cycle: it passes over a row another transaction holds, and comes back for it.
+
+    The batch queues for the lower subscription's held delivery; the rotation starts, and either
+    re-seals the lower subscription or (before) waits for the higher one."""
+    org = Organization.create(id="org_1", slug="acme", created_at=1)
+    low, high = sorted((create_subscription(org.id, "https://x.example/", None, 1) for _ in range(2)),
+                       key=lambda subscription: subscription.id)
+    for subscription in (low, high):
+        enqueue(subscription, "vc.test.ping", {}, 1)
+    claims = {claim.subscription_id: claim for claim in claim_due(1, 10, 1000)}
+    sealing.use(sealing.keyring_of([support.NEW_ENCRYPTION_KEY, *support.ENCRYPTION_KEYS]))
+    new_key_id = sealing.keyring().sealing_id
+
+    def low_resealed(watcher) -> bool:
+        with watcher.cursor() as cursor:
+            cursor.execute("SELECT secret_key_id FROM subscription WHERE id = %s", (low.id,))
+            return cursor.fetchone()[0] == new_key_id
+
+    batch = [Outcome(claims[high.id], FAILED, 2, 7), Outcome(claims[low.id], FAILED, 2, 7)]
+    recorded = []
+    errors = race_behind_a_held_delivery(
+        postgres_url, claims[low.id].event_id,
+        (lambda: recorded.extend(write_outcomes(batch, RetryPolicy([60], 20))), sessions_waiting(1)),
+        (encryption.rotate, lambda watcher: sessions_waiting(2)(watcher) or low_resealed(watcher)))
+    assert errors == []
+    assert [outcome.recorded for outcome in recorded] == [True, True] and Failure.select().count() == 2
+    assert {subscription.secret_key_id for subscription in Subscription.select()} == {new_key_id}
