@@ -22,10 +22,11 @@ _ENQUEUE = ('INSERT INTO delivery (event_id, subscription_id, state, due_at, seq
 def trigger_test_ping(org_id: str, subscription_id: str, secret: str, key_id: str,
                       now_ms: int) -> Event:
     """The partner's test trigger: 404 unless the organization has the subscription, 403 unless
-    `secret` is its secret, 409 once it is disabled, else a vc.test.ping queued. One transaction, so
-    an auto-disable cannot commit between the check and the enqueue."""
+    `secret` is its secret, 409 once it is disabled, else a vc.test.ping queued. One transaction,
+    holding the subscription, so a delete or an auto-disable cannot commit between the check and the
+    enqueue."""
     with write_transaction():
-        subscription = find_subscription(org_id, subscription_id)
+        subscription = find_subscription(org_id, subscription_id, hold=True)
         if not hmac.compare_digest(secret.encode(), subscription.secret.encode()):
             raise ApiError(403, "secret_mismatch", "The secret does not match this subscription's.")
         if not subscription.active:

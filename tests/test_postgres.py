@@ -42,13 +42,18 @@ def table_names() -> list[str]:
     return sorted(model._meta.table_name for model in models.MODELS)
 
 
-def run_together(count: int, work) -> list[Exception]:
-    """Run `work` on `count` threads released at the same moment; each thread has its own
-    connection (peewee's are per thread). Returns what they raised."""
-    def connected():
+def connected(work):
+    """`work`, run on a connection of its own (peewee's are per thread)."""
+    def run():
         with db.connection_context():
             work()
-    return support.run_together(*[connected] * count)
+    return run
+
+
+def run_together(count: int, work) -> list[Exception]:
+    """Run `work` on `count` threads released at the same moment, each on a connection of its own.
+    Returns what they raised."""
+    return support.run_together(*[connected(work)] * count)
 
 
 # --- schema.sql -----------------------------------------------------------------------------------
@@ -196,17 +201,19 @@ def sessions_waiting(count: int):
     return waiting
 
 
-def race_behind_a_held_delivery(postgres_url: str, event_id: str, *steps) -> list[Exception]:
-    """Hold the delivery's row in a session of its own, and start each `(work, under_way)` in turn,
-    on a thread with its own connection: the next once `under_way(watcher)`, asked in another session,
-    is true. Then let go of the row and wait for the works; returns what they raised."""
+def race_behind(postgres_url: str, hold: list[tuple[str, tuple]], *steps) -> list[Exception]:
+    """Run the `hold` statements in a session of its own, uncommitted, and start each
+    `(work, under_way)` in turn, each on a thread of its own: the next once
+    `under_way(watcher)`, asked in another session, is true. Then commit the held session and wait
+    for the works; returns what they raised."""
     holder, watcher = psycopg2.connect(postgres_url), psycopg2.connect(postgres_url)
     watcher.autocommit = True
     errors, threads = [], []
     try:
-        holder.cursor().execute("SELECT 1 FROM delivery WHERE event_id = %s FOR UPDATE", (event_id,))
+        for statement, params in hold:
+            holder.cursor().execute(statement, params)
         for work, under_way in steps:
-            threads.append(threading.Thread(target=lambda work=work: errors.extend(run_together(1, work))))
+            threads.append(threading.Thread(target=lambda work=work: errors.extend(support.run_together(work))))
             threads[-1].start()
             assert support.eventually(lambda: under_way(watcher))
         holder.commit()
@@ -216,6 +223,10 @@ def race_behind_a_held_delivery(postgres_url: str, event_id: str, *steps) -> lis
         holder.close()
         watcher.close()
     return errors
+
+
+def held_delivery(event_id: str) -> list[tuple[str, tuple]]:
+    return [("SELECT 1 FROM delivery WHERE event_id = %s FOR UPDATE", (event_id,))]
 
 
 FAILED = AttemptResult(False, 500, "http_status", "", 5)
@@ -232,11 +243,11 @@ def test_a_delete_and_the_outcome_it_races_wait_in_line_not_in_a_cycle(database,
     enqueue(subscription, "vc.test.ping", {}, 1)
     [claim] = claim_due(1, 10, 1000)
     recorded = []
-    errors = race_behind_a_held_delivery(
-        postgres_url, claim.event_id,
-        (lambda: recorded.append(support.record_attempt(claim, FAILED, 2, 7, RetryPolicy([60], 20), 0)),
+    errors = race_behind(
+        postgres_url, held_delivery(claim.event_id),
+        (connected(lambda: recorded.append(support.record_attempt(claim, FAILED, 2, 7, RetryPolicy([60], 20), 0))),
          sessions_waiting(1)),
-        (lambda: delete_subscription(subscription, 3), sessions_waiting(2)))
+        (connected(lambda: delete_subscription(subscription, 3)), sessions_waiting(2)))
     assert errors == []
     assert recorded[0].recorded and Failure.select().count() == 1
     assert Subscription.get_by_id(subscription.id).deleted_at == 3
@@ -267,10 +278,24 @@ def test_a_key_rotation_never_waits_in_a_cycle_with_a_batch_of_outcomes(database
 
     batch = [Outcome(claims[high.id], FAILED, 2, 7), Outcome(claims[low.id], FAILED, 2, 7)]
     recorded = []
-    errors = race_behind_a_held_delivery(
-        postgres_url, claims[low.id].event_id,
-        (lambda: recorded.extend(write_outcomes(batch, RetryPolicy([60], 20))), sessions_waiting(1)),
-        (encryption.rotate, lambda watcher: sessions_waiting(2)(watcher) or low_resealed(watcher)))
+    errors = race_behind(
+        postgres_url, held_delivery(claims[low.id].event_id),
+        (connected(lambda: recorded.extend(write_outcomes(batch, RetryPolicy([60], 20)))), sessions_waiting(1)),
+        (connected(encryption.rotate), lambda watcher: sessions_waiting(2)(watcher) or low_resealed(watcher)))
     assert errors == []
     assert [outcome.recorded for outcome in recorded] == [True, True] and Failure.select().count() == 2
     assert {subscription.secret_key_id for subscription in Subscription.select()} == {new_key_id}
+
+
+def test_a_ping_racing_a_delete_and_its_purge_is_404_not_500(client, auth, subscribe, postgres_url):
+    """The test trigger holds the subscription from its check to its enqueue: a delete, its purge or
+    an auto-disable that commits meanwhile is seen (404, 409), where the ping's event used to meet a
+    foreign key to a row that was gone (a 500)."""
+    subscription = subscribe(support.PUBLIC_URL)
+    responses = []
+    gone = [("UPDATE subscription SET deleted_at = 3 WHERE id = %s", (subscription["id"],)),
+            ("DELETE FROM subscription WHERE id = %s", (subscription["id"],))]
+    errors = race_behind(postgres_url, gone,
+                         (lambda: responses.append(support.ping_as(client, auth, subscription)), sessions_waiting(1)))
+    assert errors == []
+    support.assert_problem(responses[0], 404, "not_found")
