@@ -71,8 +71,9 @@ class Outage:
                           count)
 
 
+log = logging.getLogger(__name__)
 # This process's view of the database's availability, shared by the request path and the scanner.
-database_outage = Outage(logging.getLogger(__name__), "database", "requests answer 503 and deliveries wait")
+database_outage = Outage(log, "database", "requests answer 503 and deliveries wait")
 
 # SQLite's messages for a database that cannot answer or write now (not for a bug in a statement).
 _SQLITE_UNAVAILABLE = ("locked", "busy", "full", "disk i/o", "unable to open", "readonly")
@@ -98,9 +99,18 @@ def is_unavailable(error: BaseException) -> bool:
     return any(word in str(error).lower() for word in _SQLITE_UNAVAILABLE)
 
 
+def is_conflict(error: BaseException) -> bool:
+    """Whether PostgreSQL rolled the transaction back to end a deadlock (or a serialization failure):
+    the database answers, and the same work may succeed at once."""
+    return isinstance(getattr(error, "orig", None), psycopg2.extensions.TransactionRollbackError)
+
+
 def database_failed(error: BaseException) -> None:
     """The database could not answer or write: note the outage, and drop the pool's idle
-    connections (after a restart they point at a server that is gone)."""
+    connections (after a restart they point at a server that is gone). A conflict is no outage."""
+    if is_conflict(error):
+        log.warning("transaction rolled back by the database, nothing changed (%s)", describe(error))
+        return
     database_outage.failed(error)
     close_idle = getattr(db.obj, "close_idle", None)
     if close_idle:

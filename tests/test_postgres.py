@@ -299,3 +299,36 @@ def test_a_ping_racing_a_delete_and_its_purge_is_404_not_500(client, auth, subsc
                          (lambda: responses.append(support.ping_as(client, auth, subscription)), sessions_waiting(1)))
     assert errors == []
     support.assert_problem(responses[0], 404, "not_found")
+
+
+def test_a_deadlock_is_a_503_to_retry_not_an_outage(app, client, auth, subscribe, postgres_url, caplog):
+    """PostgreSQL ends a deadlock by rolling one transaction back: the partner gets the 503 to retry,
+    but the database answers, so no outage is logged and /readyz stays ready. Here a session of the
+    test's own holds the subscription, the partner's delete takes the delivery and waits for the
+    subscription, and the session then asks for the delivery: the delete is the one rolled back."""
+    subscription = subscribe(support.PUBLIC_URL)
+    assert support.ping_as(client, auth, subscription).status_code == 202
+    with db.connection_context():
+        [claim] = claim_due(10**13, 1, 1000)
+    holder, watcher = psycopg2.connect(postgres_url), psycopg2.connect(postgres_url)
+    watcher.autocommit = True
+    try:
+        held = holder.cursor()
+        held.execute("SET deadlock_timeout = '10s'")  # the delete's session finds the cycle first
+        held.execute("UPDATE subscription SET description = 'held' WHERE id = %s", (subscription["id"],))
+        responses = []
+        delete = threading.Thread(target=lambda: responses.append(
+            client.delete(f"{support.WEBHOOKS}/{subscription['id']}", headers=auth)))
+        delete.start()
+        assert support.eventually(lambda: sessions_waiting(1)(watcher))
+        held.execute("SELECT 1 FROM delivery WHERE event_id = %s FOR UPDATE", (claim.event_id,))
+        delete.join(10)
+    finally:
+        holder.close()
+        watcher.close()
+    support.assert_unavailable(responses[0])
+    assert client.get("/readyz").status_code == 200
+    logged = [record.getMessage() for record in caplog.records]
+    assert any("rolled back by the database" in line for line in logged)
+    assert not [line for line in logged if "unavailable" in line]
+    assert client.delete(f"{support.WEBHOOKS}/{subscription['id']}", headers=auth).status_code == 204

@@ -70,9 +70,11 @@ def _unexpected_error(error: Exception) -> Response:
 
 
 def _storage_unavailable(error: Exception) -> Response:
-    """503: the database cannot answer or write now. Its transaction was rolled back: nothing changed."""
+    """503: the database cannot answer or write now, or rolled this request's transaction back to end
+    a deadlock with another. Either way nothing changed, and the request may be made again."""
     database_failed(error)
     response = problem(503, "service_unavailable",
-                       "The service cannot reach its database right now; nothing was changed. Retry later.")
+                       "The service's database could not complete the request right now; nothing was changed. "
+                       "Retry later.")
     response.headers["Retry-After"] = str(RETRY_AFTER_SECONDS)
     return response
