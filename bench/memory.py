@@ -30,7 +30,10 @@ def queue_backlog(service: Service, receiver: Receiver, events: int) -> None:
     sys.path.insert(0, str(SERVICE_ROOT))
     from app import create_app
     from models import Subscription, db
-    from partner.events import enqueue_test_ping
+    try:
+        from partner.events import enqueue_test_ping
+    except ImportError:  # before events.py was split out of the outbox
+        from partner.outbox import enqueue_test_ping
 
     create_app({"DATABASE_URL": f"sqlite:///{service.database}", "SCHEDULER_ENABLED": False})
     now_ms = int(time.time() * 1000)

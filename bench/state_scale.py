@@ -37,12 +37,16 @@ DAY_MS = 86_400_000
 
 sys.path.insert(0, str(SERVICE_ROOT))
 from partner import backlog  # noqa: E402  (the service's modules, from SERVICE_ROOT)
-from partner import events, outbox  # noqa: E402
+from partner import outbox  # noqa: E402
 from partner import retention  # noqa: E402
 from app import create_app  # noqa: E402
 from models import Failure, Subscription, db, open_database  # noqa: E402
 from peewee import SqliteDatabase  # noqa: E402
 
+try:  # events.py was split out of the outbox on 2026-11-26
+    from partner import events  # noqa: E402
+except ImportError:
+    events = outbox
 try:  # release 1.2: schema versions, sealed secrets
     from partner import migrations, sealing  # noqa: E402
     os.environ.setdefault("PARTNER_ENCRYPTION_KEYS", json.dumps([sealing.new_key()]))

@@ -1,11 +1,14 @@
 """Sealed webhook secrets in the database: the start-up check that every one can be opened, and
 re-sealing under the first configured key (`flask encryption rotate`)."""
 
+import logging
 import time
 from dataclasses import dataclass
 
 from partner import sealing
 from partner.database import is_sqlite, run_sql, write_transaction
+
+log = logging.getLogger(__name__)
 
 # Small batches: each is one short write transaction, so deliveries and API writes keep flowing.
 ROTATE_BATCH = 50
@@ -15,9 +18,10 @@ ROTATE_BATCH = 50
 # while it waited for another could wait in a cycle with it: PostgreSQL would roll one back.
 _STALE = ("SELECT id, secret_key_id, secret_sealed FROM subscription "
           "WHERE secret_key_id <> {p} ORDER BY id LIMIT {p}{lock}")
-_ANY_STALE = "SELECT 1 FROM subscription WHERE secret_key_id <> {p} LIMIT 1"
-# How long to wait before coming back for rows that other transactions held (seconds).
-HELD_PAUSE = 0.01
+_STALE_LEFT = "SELECT COUNT(*) FROM subscription WHERE secret_key_id <> {p}"
+# How long to wait before coming back for rows other transactions held: doubling from the first to
+# the most (seconds), and said in the log at each wait of the most.
+FIRST_HELD_PAUSE, MOST_HELD_PAUSE = 0.01, 1.0
 _RESEAL = ("UPDATE subscription SET secret_key_id = {p}, secret_sealed = {p} "
            "WHERE id = {p} AND secret_key_id = {p}")
 
@@ -40,8 +44,9 @@ class Rotated:
 def rotate(batch: int = ROTATE_BATCH) -> Rotated:
     """Re-seal every secret not sealed under the first key, `batch` rows per transaction, until none
     is left. A row changed meanwhile (deleted, or re-sealed by another rotation) is skipped."""
-    ring, resealed = sealing.keyring(), 0
-    lock = "" if is_sqlite() else " FOR UPDATE SKIP LOCKED"
+    ring, resealed, pause = sealing.keyring(), 0, FIRST_HELD_PAUSE
+    # The lock an UPDATE of these columns takes: inserting an event or a failure waits for none.
+    lock = "" if is_sqlite() else " FOR NO KEY UPDATE SKIP LOCKED"
     while True:
         with write_transaction():
             rows = run_sql(_STALE, (ring.sealing_id, batch), lock=lock).fetchall()
@@ -50,6 +55,11 @@ def rotate(batch: int = ROTATE_BATCH) -> Rotated:
                 new_key_id, new_sealed = ring.seal(subscription_id, secret)
                 resealed += run_sql(_RESEAL, (new_key_id, new_sealed, subscription_id, key_id)).rowcount
         if len(rows) < batch:
-            if not run_sql(_ANY_STALE, (ring.sealing_id,)).fetchone():
+            [(left,)] = run_sql(_STALE_LEFT, (ring.sealing_id,)).fetchall()
+            if not left:
                 return Rotated(resealed, ring.sealing_id)
-            time.sleep(HELD_PAUSE)  # the rest were held by other transactions
+            if pause == MOST_HELD_PAUSE:  # not an attempt's few milliseconds: say what it waits for
+                log.warning("encryption rotate: %d webhook secrets are in rows other transactions "
+                            "hold; waiting for them", left)
+            time.sleep(pause)
+            pause = min(2 * pause, MOST_HELD_PAUSE)

@@ -26,7 +26,7 @@ def trigger_test_ping(org_id: str, subscription_id: str, secret: str, key_id: st
     holding the subscription, so a delete or an auto-disable cannot commit between the check and the
     enqueue."""
     with write_transaction():
-        subscription = find_subscription(org_id, subscription_id, hold=True)
+        subscription = find_subscription(org_id, subscription_id, lock=True)
         if not hmac.compare_digest(secret.encode(), subscription.secret.encode()):
             raise ApiError(403, "secret_mismatch", "The secret does not match this subscription's.")
         if not subscription.active:

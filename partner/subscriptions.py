@@ -74,15 +74,15 @@ def create_subscription(org_id: str, url: str, description: str | None,
             secret=SECRET_PREFIX + secrets.token_urlsafe(32), created_at=now_ms)
 
 
-def find_subscription(org_id: str, subscription_id: str, hold: bool = False) -> Subscription:
+def find_subscription(org_id: str, subscription_id: str, lock: bool = False) -> Subscription:
     """The organization's subscription, or 404: another organization's is indistinguishable from none.
-    `hold`: on PostgreSQL, keep it as found until the caller's transaction ends (FOR SHARE): a delete,
+    `lock`: on PostgreSQL, keep it as found until the caller's transaction ends (FOR SHARE): a delete,
     purge or auto-disable committing meanwhile waits, and one that committed first is seen (on
     SQLite, the caller's write transaction already excludes them)."""
     # An id with a control character was never issued, and PostgreSQL refuses NUL in a query.
     query = Subscription.select().where(
         (Subscription.id == subscription_id) & (Subscription.organization == org_id) & LIVE)
-    if hold and not is_sqlite():
+    if lock and not is_sqlite():
         query = query.for_update("FOR SHARE")
     subscription = None if outside_text.has_controls(subscription_id) else query.first()
     if subscription is None:

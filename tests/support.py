@@ -62,21 +62,29 @@ def field_codes(response) -> list[tuple]:
     return [(error["field"], error["code"]) for error in validation_errors(response)]
 
 
+def in_thread(work: Callable[[], object], errors: list[Exception]) -> threading.Thread:
+    """Start `work` on a daemon thread of its own; what it raises is added to `errors`."""
+    def run():
+        try:
+            work()
+        except Exception as error:  # noqa: BLE001 - returned to the test
+            errors.append(error)
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
 def run_together(*work: Callable[[], object]) -> list[Exception]:
     """Run each callable on a thread of its own, all released at the same moment; returns what
     they raised."""
     start, errors = threading.Barrier(len(work)), []
 
-    def run(job):
-        start.wait()
-        try:
+    def released(job):
+        def run():
+            start.wait()
             job()
-        except Exception as error:  # noqa: BLE001 - returned to the test
-            errors.append(error)
-    threads = [threading.Thread(target=run, args=(job,)) for job in work]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
+        return run
+    for thread in [in_thread(released(job), errors) for job in work]:
         thread.join()
     return errors
 

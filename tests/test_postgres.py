@@ -4,8 +4,6 @@ Every test gets a database of its own (`postgres_url`: an empty schema). The HTT
 test_webhooks.py and test_delivery.py run here too: they are marked `both_databases`.
 """
 
-import threading
-
 import psycopg2
 import pytest
 from peewee import PostgresqlDatabase
@@ -192,20 +190,20 @@ def test_a_lease_being_recorded_is_not_taken_over_meanwhile(database):
 
 
 def sessions_waiting(count: int):
-    """A condition on the server: `count` sessions wait for a lock another holds."""
+    """A condition on the server: at least `count` sessions wait for a lock another holds."""
     def waiting(watcher) -> bool:
         with watcher.cursor() as cursor:
             cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
                            "AND datname = current_database()")
-            return cursor.fetchone()[0] == count
+            return cursor.fetchone()[0] >= count
     return waiting
 
 
 def race_behind(postgres_url: str, hold: list[tuple[str, tuple]], *steps) -> list[Exception]:
     """Run the `hold` statements in a session of its own, uncommitted, and start each
-    `(work, under_way)` in turn, each on a thread of its own: the next once
-    `under_way(watcher)`, asked in another session, is true. Then commit the held session and wait
-    for the works; returns what they raised."""
+    `(work, under_way)` in turn, each on a thread of its own: the next once `under_way(watcher)`,
+    asked in another session, is true. Then commit the held session and wait for the works (each
+    must end); returns what they raised."""
     holder, watcher = psycopg2.connect(postgres_url), psycopg2.connect(postgres_url)
     watcher.autocommit = True
     errors, threads = [], []
@@ -213,12 +211,12 @@ def race_behind(postgres_url: str, hold: list[tuple[str, tuple]], *steps) -> lis
         for statement, params in hold:
             holder.cursor().execute(statement, params)
         for work, under_way in steps:
-            threads.append(threading.Thread(target=lambda work=work: errors.extend(support.run_together(work))))
-            threads[-1].start()
+            threads.append(support.in_thread(work, errors))
             assert support.eventually(lambda: under_way(watcher))
         holder.commit()
         for thread in threads:
             thread.join(10)
+            assert not thread.is_alive()
     finally:
         holder.close()
         watcher.close()
@@ -316,19 +314,39 @@ def test_a_deadlock_is_a_503_to_retry_not_an_outage(app, client, auth, subscribe
         held = holder.cursor()
         held.execute("SET deadlock_timeout = '10s'")  # the delete's session finds the cycle first
         held.execute("UPDATE subscription SET description = 'held' WHERE id = %s", (subscription["id"],))
-        responses = []
-        delete = threading.Thread(target=lambda: responses.append(
-            client.delete(f"{support.WEBHOOKS}/{subscription['id']}", headers=auth)))
-        delete.start()
+        responses, errors = [], []
+        delete = support.in_thread(lambda: responses.append(
+            client.delete(f"{support.WEBHOOKS}/{subscription['id']}", headers=auth)), errors)
         assert support.eventually(lambda: sessions_waiting(1)(watcher))
         held.execute("SELECT 1 FROM delivery WHERE event_id = %s FOR UPDATE", (claim.event_id,))
         delete.join(10)
     finally:
         holder.close()
         watcher.close()
+    assert errors == []
     support.assert_unavailable(responses[0])
     assert client.get("/readyz").status_code == 200
     logged = [record.getMessage() for record in caplog.records]
     assert any("rolled back by the database" in line for line in logged)
     assert not [line for line in logged if "unavailable" in line]
     assert client.delete(f"{support.WEBHOOKS}/{subscription['id']}", headers=auth).status_code == 204
+
+
+def test_a_key_rotation_waits_for_a_held_row_and_says_so(database, postgres_url, caplog):
+    """A subscription row held for long (an idle transaction elsewhere) is passed over, then waited
+    for, with a line in the log each second; once it is let go, the rotation re-seals it and ends."""
+    org = Organization.create(id="org_1", slug="acme", created_at=1)
+    held, other = (create_subscription(org.id, "https://x.example/", None, 1) for _ in range(2))
+    sealing.use(sealing.keyring_of([support.NEW_ENCRYPTION_KEY, *support.ENCRYPTION_KEYS]))
+
+    def waiting_for_it(_watcher) -> bool:
+        return any("1 webhook secrets are in rows other transactions hold" in record.getMessage()
+                   for record in caplog.records)
+    rotated = []
+    errors = race_behind(postgres_url, [("SELECT 1 FROM subscription WHERE id = %s FOR UPDATE", (held.id,))],
+                         (connected(lambda: rotated.append(encryption.rotate())), waiting_for_it))
+    assert errors == []
+    assert rotated[0].resealed == 2
+    assert {s.secret_key_id for s in Subscription.select()} == {rotated[0].key_id}
+    assert [s.secret for s in Subscription.select().order_by(Subscription.id)] == \
+        [s.secret for s in sorted((held, other), key=lambda s: s.id)]
