@@ -132,11 +132,13 @@ def create_key(slug: str, scopes: list[str], now_ms: int, rate_limit: int | None
     scope_list = check_scopes(scopes)
     check_slug(slug)
     with write_transaction():
-        org = Organization.get_or_none(Organization.slug == slug)
-        if org is None:
-            org = Organization.create(id=new_id("org"), slug=slug, created_at=now_ms,
-                                      rate_limit_per_minute=rate_limit or DEFAULT_RATE_LIMIT)
-        elif rate_limit is not None:
+        # The first key creates the organization; on PostgreSQL a first key issued at the same moment
+        # elsewhere may create it first, and this one then joins it (not a unique violation).
+        (Organization.insert(id=new_id("org"), slug=slug, created_at=now_ms,
+                             rate_limit_per_minute=rate_limit or DEFAULT_RATE_LIMIT)
+         .on_conflict_ignore().execute())
+        org = Organization.get(Organization.slug == slug)
+        if rate_limit is not None and org.rate_limit_per_minute != rate_limit:
             org.rate_limit_per_minute = rate_limit
             org.save()
         secret = secrets.token_urlsafe(SECRET_BYTES)

@@ -12,6 +12,7 @@ import models
 from partner import encryption, migrations, sealing
 from tests import support
 from partner.errors import ValidationError
+from partner.keys import create_key
 from models import ApiKey, Delivery, Event, Failure, Organization, Setting, Subscription, db, open_database
 from partner.database import is_sqlite
 from partner.database import write_transaction
@@ -350,3 +351,15 @@ def test_a_key_rotation_waits_for_a_held_row_and_says_so(database, postgres_url,
     assert {s.secret_key_id for s in Subscription.select()} == {rotated[0].key_id}
     assert [s.secret for s in Subscription.select().order_by(Subscription.id)] == \
         [s.secret for s in sorted((held, other), key=lambda s: s.id)]
+
+
+def test_two_first_keys_of_one_organization_share_it(database, postgres_url):
+    """Two operators issue the first key of a new organization at once: the second waits for the
+    first's organization and joins it, where it used to fail on the unique slug with a traceback."""
+    issued = []
+    errors = race_behind(
+        postgres_url, [("INSERT INTO organization (id, slug, created_at) VALUES ('org_first', 'newco', 1)", ())],
+        (connected(lambda: issued.append(create_key("newco", ["webhooks:manage"], 2))), sessions_waiting(1)))
+    assert errors == []
+    assert issued[0].key.organization_id == "org_first"
+    assert [org.id for org in Organization.select().where(Organization.slug == "newco")] == ["org_first"]
