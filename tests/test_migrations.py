@@ -161,25 +161,21 @@ def flask_on(database_url: str, *args: str) -> subprocess.CompletedProcess:
     return run_flask({**env, "PARTNER_DATABASE_URL": database_url}, *args)
 
 
-def flask_db(database_url: str, *args: str) -> subprocess.CompletedProcess:
-    return flask_on(database_url, "db", *args)
-
-
 def test_db_status_and_upgrade_as_an_operator_runs_them(database_url):
     build_release(database_url, "1.0")
-    pending = flask_db(database_url, "status")
+    pending = flask_on(database_url, "db", "status")
     assert pending.returncode == 1, pending.stderr
     assert "pending: 0001_baseline" in pending.stdout
-    upgraded = flask_db(database_url, "upgrade")
+    upgraded = flask_on(database_url, "db", "upgrade")
     assert upgraded.returncode == 0 and "applied: 0001_baseline" in upgraded.stdout
-    assert flask_db(database_url, "upgrade").stdout.splitlines() == [
+    assert flask_on(database_url, "db", "upgrade").stdout.splitlines() == [
         "schema version unchanged: up to date"]
-    assert flask_db(database_url, "status").returncode == 0
+    assert flask_on(database_url, "db", "status").returncode == 0
     future = raw(database_url)
     with future.connection_context():
         future.execute_sql(f'INSERT INTO "{migrations.HISTORY_TABLE}" (name, applied) '
                            f"VALUES ('9999_future', '2030-01-01')")
-    newer = flask_db(database_url, "status")
+    newer = flask_on(database_url, "db", "status")
     assert newer.returncode == 2 and "9999_future" in newer.stdout
 
 
