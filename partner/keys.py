@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from partner.errors import ValidationError, field_error
 from models import ApiKey, Organization
-from partner.database import new_id, random_token, select_rows, write_transaction
+from partner.database import is_sqlite, new_id, random_token, select_rows, write_transaction
 
 KEY_PREFIX = "vck_"
 KEY_ID_LENGTH = 20
@@ -160,8 +160,11 @@ def revoke_key(key_id: str, now_ms: int) -> ApiKey | None:
 def rotate_key(key_id: str, now_ms: int) -> IssuedKey | None:
     """Issue a key with the same organization and scopes, then revoke the old one, atomically."""
     with write_transaction():
-        old = ApiKey.select(ApiKey, Organization).join(Organization).where(
-            ApiKey.key_id == key_id, ApiKey.revoked_at.is_null()).first()
+        query = ApiKey.select(ApiKey, Organization).join(Organization).where(
+            ApiKey.key_id == key_id, ApiKey.revoked_at.is_null())
+        if not is_sqlite():  # a revoke or rotation of this key elsewhere commits first, and is seen
+            query = query.for_update(of=ApiKey)
+        old = query.first()
         if old is None:
             return None
         issued = create_key(old.organization.slug, sorted(old.scope_set), now_ms)

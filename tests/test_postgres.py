@@ -12,7 +12,7 @@ import models
 from partner import encryption, migrations, sealing
 from tests import support
 from partner.errors import ValidationError
-from partner.keys import create_key
+from partner.keys import create_key, rotate_key
 from models import ApiKey, Delivery, Event, Failure, Organization, Setting, Subscription, db, open_database
 from partner.database import is_sqlite
 from partner.database import write_transaction
@@ -363,3 +363,16 @@ def test_two_first_keys_of_one_organization_share_it(database, postgres_url):
     assert errors == []
     assert issued[0].key.organization_id == "org_first"
     assert [org.id for org in Organization.select().where(Organization.slug == "newco")] == ["org_first"]
+
+
+def test_a_rotation_racing_a_revoke_of_its_key_issues_nothing(database, postgres_url):
+    """An operator rotates a key while another revokes it: the rotation waits for the revoke and
+    then finds no active key to rotate, where it used to issue a new key for a revoked one."""
+    old = create_key("acme", ["webhooks:manage"], 1).key
+    rotated = []
+    errors = race_behind(
+        postgres_url, [("UPDATE api_key SET revoked_at = 5 WHERE key_id = %s", (old.key_id,))],
+        (connected(lambda: rotated.append(rotate_key(old.key_id, 7))), sessions_waiting(1)))
+    assert errors == []
+    assert rotated == [None]
+    assert [(key.key_id, key.revoked_at) for key in ApiKey.select()] == [(old.key_id, 5)]
