@@ -32,7 +32,7 @@ from partner.operator.attempts import log_attempt
 from partner.outbound.sender import Sender
 from partner.outbox import Claim, Outcome, Recorded, claim_due, release, write_outcomes
 from partner.retry import MAX_JITTER, RetryPolicy
-from partner.timestamps import to_ms
+from partner.timestamps import now_ms, to_ms
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +165,7 @@ class Dispatcher:
             with db.connection_context():
                 if database_outage.active:  # a claim of nothing writes nothing: prove writes commit
                     probe_write()
-                claims = claim_due(self._now_ms(), reserved, self.lease_ms, failing,
+                claims = claim_due(now_ms(self.clock), reserved, self.lease_ms, failing,
                                    self.policy.auto_disable_threshold)
         except Exception as error:  # noqa: BLE001 - unavailability backs off, the rest re-raised
             self._back_off(error)
@@ -187,7 +187,7 @@ class Dispatcher:
         that reserved them all: scans running together each reserve some."""
         try:
             with db.connection_context():
-                due = any_due(self._now_ms())
+                due = any_due(now_ms(self.clock))
         except Exception as error:  # noqa: BLE001 - unavailability backs off, the rest re-raised
             self._back_off(error)
             return
@@ -218,7 +218,7 @@ class Dispatcher:
     def _abandon(self, claims: list[Claim]) -> None:
         self._release_slots(len(claims), sum(c.failing for c in claims))
         with db.connection_context():
-            released = release(claims, self._now_ms())
+            released = release(claims, now_ms(self.clock))
         log.warning("delivery scanner stopping: gave back %d claimed deliveries (due now, for the "
                     "next process): %s", released, " ".join(c.event_id for c in claims))
 
@@ -227,7 +227,7 @@ class Dispatcher:
         done = 0
         while True:
             with db.connection_context():
-                claims = claim_due(self._now_ms(), 1, self.lease_ms, None, self.policy.auto_disable_threshold)
+                claims = claim_due(now_ms(self.clock), 1, self.lease_ms, None, self.policy.auto_disable_threshold)
             if not claims:
                 return done
             self.attempt(claims[0])
@@ -266,9 +266,9 @@ class Dispatcher:
 
     def attempt(self, claim: Claim) -> Recorded:
         """Make one attempt of a claimed delivery: send, record, log."""
-        attempted_at = self._now_ms()
+        attempted_at = now_ms(self.clock)
         result = self.sender.send(claim, attempted_at)
-        outcome = Outcome(claim, result, attempted_at, self._now_ms(), self.random.uniform(0, MAX_JITTER))
+        outcome = Outcome(claim, result, attempted_at, now_ms(self.clock), self.random.uniform(0, MAX_JITTER))
         recorded = self._record(outcome)
         log_attempt(outcome, recorded)
         return recorded
@@ -294,9 +294,6 @@ class Dispatcher:
                         outcome, result=dataclasses.replace(outcome.result, response_excerpt=""))
                 if self._stopping.wait(pause) and is_unavailable(error):
                     raise
-
-    def _now_ms(self) -> int:
-        return to_ms(self.clock())
 
 
 def _utcnow() -> datetime:

@@ -1,9 +1,8 @@
 """backup_stall: how long `flask db backup` takes on a database holding HISTORY finished events, each
 with a failure record (state_scale's database), and the longest an API write waits meanwhile.
 
-A writer thread commits what a test ping commits (events.enqueue through write_transaction, as the
-API does) one after another while partner.backup.backup copies the database; each write's duration
-is recorded. Target (issue 18): no write stalls more than 100 ms. Standalone:
+A writer thread commits what a test ping commits (events.enqueue_test_ping, as the API does) one
+after another while partner.backup.backup copies the database; each write's duration is recorded. Target (issue 18): no write stalls more than 100 ms. Standalone:
 `python bench/backup_stall.py [HISTORY]`; not yet part of run_all.py.
 """
 
@@ -40,7 +39,7 @@ def main() -> None:
         with db.connection_context():
             while not done.is_set():
                 began = time.monotonic()
-                events.enqueue(subscription, events.TEST_PING, {"message": "bench"}, state_scale.NOW_MS)
+                events.enqueue_test_ping(subscription, "bench", state_scale.NOW_MS)
                 writes.append((began, time.monotonic() - began))
 
     writer = threading.Thread(target=write)

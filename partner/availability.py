@@ -94,7 +94,7 @@ def is_unavailable(error: BaseException) -> bool:
         return isinstance(getattr(error, "orig", None), psycopg2.InterfaceError)
     if not isinstance(error, OperationalError):
         return False
-    if isinstance(error, DatabaseBusy) or not _is_sqlite():
+    if isinstance(error, DatabaseBusy) or not is_sqlite():
         return True  # psycopg2's OperationalError is the connection's or the server's, never the SQL's
     return any(word in str(error).lower() for word in _SQLITE_UNAVAILABLE)
 
@@ -132,8 +132,8 @@ def watch_commit():
 
 
 def _changes() -> int | None:
-    return db.connection().total_changes if _is_sqlite() else None
+    return db.connection().total_changes if is_sqlite() else None
 
 
-def _is_sqlite() -> bool:
+def is_sqlite() -> bool:
     return isinstance(db.obj, SqliteDatabase)

@@ -6,10 +6,11 @@ import string
 import threading
 from contextlib import contextmanager
 
-from peewee import OperationalError, SqliteDatabase, Tuple
+from peewee import OperationalError
 
 from models import db
 from partner import availability, writers
+from partner.availability import is_sqlite
 
 _ALPHANUMERIC = string.ascii_letters + string.digits
 
@@ -31,10 +32,6 @@ def random_token(length: int) -> str:
 def new_id(prefix: str) -> str:
     """A random public identifier such as `wh_3kF9...` (119 bits of randomness)."""
     return f"{prefix}_{random_token(20)}"
-
-
-def is_sqlite() -> bool:
-    return isinstance(db.obj, SqliteDatabase)
 
 
 @contextmanager
@@ -106,18 +103,6 @@ def select_rows(template: str, params, ids: int = 0, **parts: str) -> list[dict]
     cursor = run_sql(template, params, ids, **parts)
     names = [column[0] for column in cursor.description]
     return [dict(zip(names, row)) for row in cursor.fetchall()]
-
-
-def keyset_page(query, columns: tuple, position: list | None, limit: int, newest_first: bool):
-    """One page ordered by `columns` after `position`, as rows of field values by name, and the
-    position that follows it (or None). Plain rows: building a peewee model per row cost most of a
-    list request's CPU (bench/api_overhead)."""
-    if position is not None:
-        after = Tuple(*columns) < tuple(position) if newest_first else Tuple(*columns) > tuple(position)
-        query = query.where(after)
-    order = [column.desc() if newest_first else column.asc() for column in columns]
-    rows = list(query.order_by(*order).limit(limit + 1).dicts().iterator())
-    return page_of(rows, limit, [column.name for column in columns])
 
 
 def page_of(rows: list[dict], limit: int, names: list[str]):

@@ -74,28 +74,12 @@ def find_active_key(full_key: str) -> Caller | None:
     if parts is None:
         return None
     key_id, secret = parts
-    stored = _stored_key(key_id)
-    expected = stored.secret_hash if stored else _DUMMY_HASH
-    if not hmac.compare_digest(expected, hash_secret(secret)) or stored is None:
+    row = next(iter(select_rows(_KEY_LOOKUP, (key_id,))), None)
+    expected = row["secret_hash"] if row else _DUMMY_HASH
+    if not hmac.compare_digest(expected, hash_secret(secret)) or row is None or row["revoked_at"] is not None:
         return None
-    return stored.caller
-
-
-@dataclass(frozen=True, slots=True)
-class _StoredKey:
-    secret_hash: str = field(repr=False)
-    caller: Caller | None  # None once revoked
-
-
-def _stored_key(key_id: str) -> _StoredKey | None:
-    rows = select_rows(_KEY_LOOKUP, (key_id,))
-    if not rows:
-        return None
-    row = rows[0]
-    caller = None if row["revoked_at"] is not None else Caller(
-        row["key_id"], frozenset(row["scopes"].split()),
-        CallerOrganization(row["org_id"], row["slug"], row["rate_limit_per_minute"]))
-    return _StoredKey(row["secret_hash"], caller)
+    return Caller(row["key_id"], frozenset(row["scopes"].split()),
+                  CallerOrganization(row["org_id"], row["slug"], row["rate_limit_per_minute"]))
 
 
 # Every API request runs this lookup, so it is written once as SQL rather than built by the ORM
@@ -142,7 +126,8 @@ def create_key(slug: str, scopes: list[str], now_ms: int, rate_limit: int | None
             org.rate_limit_per_minute = rate_limit
             org.save()
         secret = secrets.token_urlsafe(SECRET_BYTES)
-        key = ApiKey.create(key_id=_new_key_id(), organization=org, secret_hash=hash_secret(secret),
+        # Key ids are never reused: the primary key refuses a collision, and revoked rows stay forever.
+        key = ApiKey.create(key_id=random_token(KEY_ID_LENGTH), organization=org, secret_hash=hash_secret(secret),
                             scopes=" ".join(scope_list), created_at=now_ms)
     return IssuedKey(key, f"{KEY_PREFIX}{key.key_id}.{secret}")
 
@@ -177,8 +162,3 @@ def list_keys(slug: str | None = None) -> list[ApiKey]:
     if slug:
         query = query.where(Organization.slug == slug)
     return list(query.order_by(ApiKey.created_at, ApiKey.key_id))
-
-
-def _new_key_id() -> str:
-    # Key ids are never reused: the primary key refuses a collision, and revoked rows stay forever.
-    return random_token(KEY_ID_LENGTH)

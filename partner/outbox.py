@@ -216,7 +216,8 @@ def _record_failure(claim: Claim, result: AttemptResult, attempted_at: int, fini
     if decision.auto_disable:
         _auto_disable(claim.subscription_id, finished_at)
     next_at = decision.next_attempt_at
-    _finish(claim, Delivery.PENDING if next_at else Delivery.DEAD, next_at)
+    run_sql(_FINISH, (Delivery.PENDING if next_at else Delivery.DEAD, claim.attempt, next_at, claim.event_id,
+                      claim.lease_token))
     Failure.create(id=new_id("fail"), subscription=claim.subscription_id, event=claim.event_id,
                    attempt=claim.attempt, http_status=result.http_status, error=result.error,
                    response_excerpt=result.response_excerpt, duration_ms=result.duration_ms,
@@ -244,12 +245,6 @@ def _holds_lease(claim: Claim) -> bool:
     if not is_sqlite():
         query = query.for_update()
     return query.exists()
-
-
-def _finish(claim: Claim, state: str, due_at: int | None) -> bool:
-    """Write the attempt's result if the lease is still ours."""
-    params = (state, claim.attempt, due_at, claim.event_id, claim.lease_token)
-    return run_sql(_FINISH, params).rowcount > 0
 
 
 def _auto_disable(subscription_id: str, now_ms: int) -> None:

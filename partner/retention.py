@@ -93,7 +93,7 @@ def purge_deleted(batch: int = PURGE_BATCH) -> int:
     is left; returns how many subscriptions went. Stopped midway (a crash), it finishes at the next
     run: the tombstone already hides everything left."""
     purged = 0
-    while rows := _read(_DELETED):
+    while rows := run_sql(_DELETED, ()).fetchall():
         [subscription_id] = rows[0]
         for statement in _PURGE:
             while _write(statement, (subscription_id, batch)) == batch:
@@ -101,10 +101,6 @@ def purge_deleted(batch: int = PURGE_BATCH) -> int:
         _write(_PURGE_ROW, (subscription_id,))
         purged += 1
     return purged
-
-
-def _read(statement: str, params=()) -> list:
-    return run_sql(statement, params).fetchall()
 
 
 def _write(statement: str, params) -> int:

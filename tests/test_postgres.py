@@ -17,7 +17,7 @@ from models import ApiKey, Delivery, Event, Failure, Organization, Setting, Subs
 from partner.database import is_sqlite
 from partner.database import write_transaction
 from partner.outbound.transport import AttemptResult
-from partner.events import enqueue
+from partner.events import enqueue_test_ping
 from partner.outbox import Outcome, _holds_lease, claim_due, write_outcomes
 from partner.retry import RetryPolicy
 from partner.subscriptions import MAX_SUBSCRIPTIONS, create_subscription, delete_subscription
@@ -181,7 +181,7 @@ def test_a_lease_being_recorded_is_not_taken_over_meanwhile(database):
     """Between checking its lease and finishing, a late attempt keeps the row: a scanner that finds
     the lease expired in that moment skips it rather than making the attempt a second time."""
     org = Organization.create(id="org_1", slug="acme", created_at=1)
-    enqueue(create_subscription(org.id, "https://x.example/", None, 1), "vc.test.ping", {}, 1)
+    enqueue_test_ping(create_subscription(org.id, "https://x.example/", None, 1), "KEYID", 1)
     [claim] = claim_due(1, 10, 1000)
     with write_transaction():
         assert _holds_lease(claim)
@@ -239,7 +239,7 @@ def test_a_delete_and_the_outcome_it_races_wait_in_line_not_in_a_cycle(database,
     The outcome queues for the held delivery first, then the delete."""
     org = Organization.create(id="org_1", slug="acme", created_at=1)
     subscription = create_subscription(org.id, "https://x.example/", None, 1)
-    enqueue(subscription, "vc.test.ping", {}, 1)
+    enqueue_test_ping(subscription, "KEYID", 1)
     [claim] = claim_due(1, 10, 1000)
     recorded = []
     errors = race_behind(
@@ -265,7 +265,7 @@ def test_a_key_rotation_never_waits_in_a_cycle_with_a_batch_of_outcomes(database
     low, high = sorted((create_subscription(org.id, "https://x.example/", None, 1) for _ in range(2)),
                        key=lambda subscription: subscription.id)
     for subscription in (low, high):
-        enqueue(subscription, "vc.test.ping", {}, 1)
+        enqueue_test_ping(subscription, "KEYID", 1)
     claims = {claim.subscription_id: claim for claim in claim_due(1, 10, 1000)}
     sealing.use(sealing.keyring_of([support.NEW_ENCRYPTION_KEY, *support.ENCRYPTION_KEYS]))
     new_key_id = sealing.keyring().sealing_id

@@ -18,7 +18,8 @@ import pytest
 
 from partner.outbound.ssrf import Target
 from tests.receivers import RawServer, drip_bytes, read_request
-from partner.outbound.transport import EXCERPT_BYTES, AttemptResult, Deadline, Transport
+from partner.outbound.transport import AttemptResult, Deadline, Transport
+from partner.outside_text import EXCERPT_BYTES
 
 HOOK_HOST = "hooks.example.test"  # .test never resolves: a request that arrives used no DNS
 HEADERS = {
@@ -47,7 +48,7 @@ def post(tgt: Target, timeout: float = TIMEOUT, transport: Transport | None = No
     try:
         return once.post(tgt, BODY, HEADERS, Deadline(timeout, clock))
     finally:
-        once.close()
+        once.pools.clear()
 
 
 def timed_post(tgt: Target, timeout: float = TIMEOUT, transport: Transport | None = None) -> tuple:
@@ -371,7 +372,7 @@ def tls_transport(ca_bundle) -> Iterator[Transport]:
     """A transport trusting the test CA, as PARTNER_DELIVERY_CA_BUNDLE configures it."""
     transport = Transport(ca_bundle)
     yield transport
-    transport.close()
+    transport.pools.clear()
 
 
 def test_tls_verifies_the_certificate_against_the_host_name(tls_receiver, tls_transport):
@@ -560,5 +561,5 @@ def test_a_target_keeps_at_most_connections_per_target_idle(serve_raw):
             with ThreadPoolExecutor(2) as threads:
                 assert all(threads.map(lambda _: post(target(server.port), transport=transport).ok, range(2)))
     finally:
-        transport.close()
+        transport.pools.clear()
     assert server.accepted == 3  # the second pair found one connection kept, and dialled one

@@ -15,13 +15,10 @@ log = logging.getLogger(__name__)
 # A check returns None when the value is fine, or (code, message).
 Check = Callable[[Any], tuple[str, str] | None]
 
-_TYPE_NAMES = {str: "a string", int: "an integer", bool: "a boolean"}
-
 
 @dataclass(frozen=True)
 class Field:
     name: str
-    type: type = str
     required: bool = False
     max_length: int | None = None
     check: Check | None = None
@@ -77,8 +74,8 @@ def validate(body: dict, fields: tuple[Field, ...]) -> dict:
 def _field_error(field: Field, value: Any, present: bool) -> tuple[str, str] | None:
     if not present or value is None:  # null means "not given", for every field
         return ("required", "This field is required.") if field.required else None
-    if type(value) is not field.type:  # exact: a bool is not an int, a number is not a string
-        return "invalid_type", f"This field must be {_TYPE_NAMES[field.type]}."
+    if type(value) is not str:  # exact: a number is not a string
+        return "invalid_type", "This field must be a string."
     if field.max_length is not None and len(value) > field.max_length:
         return "too_long", f"This field is at most {field.max_length} characters."
     return field.check(value) if field.check else None

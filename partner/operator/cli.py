@@ -39,20 +39,14 @@ def _announce(issued: IssuedKey) -> None:
               help="Requests per minute for the organization.")
 def create_command(org: str, scopes: tuple[str, ...], rate_limit: int | None) -> None:
     """Create a key; identity:read is always granted."""
-    with db.connection_context():
-        try:
-            issued = create_key(org, list(scopes), _now(), rate_limit)
-        except ValidationError as error:
-            raise click.ClickException(" ".join(e["message"] for e in error.errors)) from None
-    _announce(issued)
+    _announce(_run(create_key, org, list(scopes), _now(), rate_limit))
 
 
 @keys_cli.command("list")
 @click.option("--org", help="Only this organization's keys.")
 def list_command(org: str | None) -> None:
     """List keys (never their secrets)."""
-    with db.connection_context():
-        keys = list_keys(org)
+    keys = _run(list_keys, org)
     click.echo("KEY_ID\tORG\tSCOPES\tRATE_LIMIT\tCREATED_AT\tREVOKED_AT")
     for key in keys:
         click.echo("\t".join([key.key_id, key.organization.slug, ",".join(sorted(key.scope_set)),
@@ -64,8 +58,7 @@ def list_command(org: str | None) -> None:
 @click.argument("key_id")
 def revoke_command(key_id: str) -> None:
     """Revoke a key at once; every later request with it gets 401."""
-    with db.connection_context():
-        key = revoke_key(key_id, _now())
+    key = _run(revoke_key, key_id, _now())
     if key is None:
         raise click.ClickException(f"No key {key_id!r}.")
     click.echo(f"Key {key_id} revoked at {iso(key.revoked_at)}.")
@@ -75,8 +68,7 @@ def revoke_command(key_id: str) -> None:
 @click.argument("key_id")
 def rotate_command(key_id: str) -> None:
     """Create a key with the same organization, scopes and limit, and revoke the old one."""
-    with db.connection_context():
-        issued = rotate_key(key_id, _now())
+    issued = _run(rotate_key, key_id, _now())
     if issued is None:
         raise click.ClickException(f"No active key {key_id!r}.")
     click.echo(f"Key {key_id} revoked.", err=True)
@@ -123,6 +115,8 @@ def _unless_refused(operation, *args, **kwargs):
         return operation(*args, **kwargs)
     except OperatorError as error:
         raise click.ClickException(str(error)) from None
+    except ValidationError as error:
+        raise click.ClickException(" ".join(e["message"] for e in error.errors)) from None
 
 
 @webhooks_cli.command("list")
@@ -185,9 +179,9 @@ def db_prune(days: int | None) -> None:
 SCHEMA_COMMANDS = ("status", "upgrade", "backup", "restore")
 
 
-def runs_a_schema_command(argv: list[str] | None = None) -> bool:
+def runs_a_schema_command() -> bool:
     """Whether this process is `flask [options] db status|upgrade|backup|restore`."""
-    argv = sys.argv if argv is None else argv
+    argv = sys.argv
     if not argv or os.path.basename(argv[0]) != "flask":
         return False
     return any(group == "db" and command in SCHEMA_COMMANDS for group, command in zip(argv[1:], argv[2:]))

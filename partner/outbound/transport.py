@@ -34,17 +34,15 @@ import ssl
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from urllib3 import BaseHTTPResponse, HTTPConnectionPool, Timeout
 from urllib3.exceptions import ConnectTimeoutError, HTTPError
 
 from partner import outside_text
 from partner.outbound.connections import attempt, client_tls_context, partner_pools
-from partner.outbound.ssrf import SCHEMES
+from partner.outbound.ssrf import SCHEMES, Target
 
 MAX_RESPONSE_BYTES = 65536
-EXCERPT_BYTES = outside_text.EXCERPT_BYTES
 
 _NETWORK_ERRORS = (OSError, HTTPError)
 # What a partner closing an idle connection looks like to the next request sent on it.
@@ -52,31 +50,12 @@ _DROPPED_WHILE_IDLE = (ConnectionResetError, BrokenPipeError, ConnectionAbortedE
                        ssl.SSLEOFError, ssl.SSLZeroReturnError)
 
 
-class DeliveryTarget(Protocol):
-    """What post() reads from `ssrf.Target`."""
-
-    @property
-    def scheme(self) -> str: ...
-
-    @property
-    def host(self) -> str: ...
-
-    @property
-    def port(self) -> int: ...
-
-    @property
-    def request_target(self) -> str: ...
-
-    @property
-    def addresses(self) -> tuple[str, ...]: ...
-
-
 @dataclass(frozen=True)
 class AttemptResult:
     ok: bool  # True only for a 2xx received completely within the deadline
     http_status: int | None  # None when no status line came
     error: str | None  # None, "http_status", "timeout", "connection_error", "tls_error" or "redirect"
-    response_excerpt: str  # the body's start, at most EXCERPT_BYTES once encoded (outside_text.excerpt)
+    response_excerpt: str  # the body's start, at most outside_text.EXCERPT_BYTES once encoded (outside_text.excerpt)
     duration_ms: int
 
 
@@ -120,7 +99,7 @@ class Transport:
         self.tls = client_tls_context(ca_bundle)
         self.pools = partner_pools(self.tls, connections_per_target)
 
-    def post(self, target: DeliveryTarget, body: bytes, headers: Mapping[str, str],
+    def post(self, target: Target, body: bytes, headers: Mapping[str, str],
              deadline: Deadline) -> AttemptResult:
         """POST body to target before the deadline; never raises for network outcomes.
 
@@ -149,15 +128,11 @@ class Transport:
             ok=error is None,
             http_status=reply.status,
             error=error,
-            response_excerpt=outside_text.excerpt(reply.body, EXCERPT_BYTES),
+            response_excerpt=outside_text.excerpt(reply.body),
             duration_ms=deadline.elapsed_ms(),
         )
 
-    def close(self) -> None:
-        """Close the idle connections (they would otherwise close with the process)."""
-        self.pools.clear()
-
-    def _exchange(self, target: DeliveryTarget, addresses: tuple[str, ...], body: bytes,
+    def _exchange(self, target: Target, addresses: tuple[str, ...], body: bytes,
                   headers: dict[str, str], deadline: Deadline, reply: _Reply) -> None:
         """To the first address that accepts a connection: each gets a fair share of the time left,
         so one black-holed address cannot starve the ones after it; the last gets all that remains."""
@@ -169,7 +144,7 @@ class Transport:
                 if index == len(addresses) - 1:
                     raise
 
-    def _send(self, target: DeliveryTarget, address: str, body: bytes, headers: dict[str, str],
+    def _send(self, target: Target, address: str, body: bytes, headers: dict[str, str],
               deadline: Deadline, connect_seconds: float, reply: _Reply) -> None:
         pool = self.pools.connection_from_host(address, target.port, target.scheme,
                                                pool_kwargs={"server_hostname": target.host})
@@ -205,7 +180,7 @@ def _round_trip(pool: HTTPConnectionPool, request_target: str, body: bytes, head
         response.release_conn()
 
 
-def _parse_addresses(target: DeliveryTarget) -> tuple[str, ...]:
+def _parse_addresses(target: Target) -> tuple[str, ...]:
     """The vetted addresses as canonical IP strings; anything that is not an IP literal is refused."""
     if target.scheme not in ("http", "https"):
         raise ValueError(f"unsupported scheme {target.scheme!r}")
@@ -214,7 +189,7 @@ def _parse_addresses(target: DeliveryTarget) -> tuple[str, ...]:
     return tuple(str(ipaddress.ip_address(address)) for address in target.addresses)
 
 
-def _host_header(target: DeliveryTarget) -> str:
+def _host_header(target: Target) -> str:
     shown = f"[{target.host}]" if ":" in target.host else target.host
     return shown if target.port == SCHEMES[target.scheme] else f"{shown}:{target.port}"
 
