@@ -1,9 +1,11 @@
-"""The API described, against one live gunicorn: /docs rendered by headless Chromium, and schemathesis
-fuzzing the partner API with a real key, checking every answer against /openapi.json.
+"""The API described, against a live gunicorn: /docs rendered by headless Chromium, and schemathesis
+fuzzing the partner API with a real key, on SQLite and on PostgreSQL, checking every answer against
+/openapi.json.
 
 The service is tests/fuzz_wsgi.py: the real app with deliveries off (nothing it queues is ever sent)
 and a stub resolver (the fuzzer's invented host names never reach real DNS)."""
 
+import json
 import os
 import re
 import shutil
@@ -15,6 +17,7 @@ import requests
 
 from partner.edge import apidocs
 from tests.servers import free_port
+from tests.support import ENCRYPTION_KEYS
 from tests.gunicorn_server import BIN, ROOT, Gunicorn
 
 SCREENSHOT = ROOT / "docs" / "api-docs.png"
@@ -26,14 +29,12 @@ FUZZ_SECONDS = 150
 FUZZ_CHECKS = "not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance"
 
 
-@pytest.fixture(scope="module")
-def service(tmp_path_factory):
-    """The fuzz app under the real gunicorn, and a real key issued by the operator CLI."""
-    workdir = tmp_path_factory.mktemp("live")
+def live_service(workdir: Path, database_url: str):
+    """The fuzz app under the real gunicorn on `database_url`, and a real key issued by the operator CLI."""
     env = {name: value for name, value in os.environ.items()
            if not name.startswith(("PARTNER_", "GUNICORN_", "FLASK_"))}
     env.update(PORT=str(free_port()), PYTHONUNBUFFERED="1", PARTNER_SCHEDULER_ENABLED="false",
-               PARTNER_DATABASE_URL=f"sqlite:///{workdir}/live.sqlite3")
+               PARTNER_DATABASE_URL=database_url, PARTNER_ENCRYPTION_KEYS=json.dumps(ENCRYPTION_KEYS))
     issued = subprocess.run([BIN / "flask", "keys", "create", "--org", "fuzz", "--scope", "webhooks:manage",
                              "--rate-limit", "100000"],
                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=30)
@@ -46,6 +47,17 @@ def service(tmp_path_factory):
     yield server
     assert server.stop() == 0
     assert "Traceback" not in server.output()[1], server.output()[1]
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("live")
+    yield from live_service(workdir, f"sqlite:///{workdir}/live.sqlite3")
+
+
+@pytest.fixture(scope="module")
+def postgres_service(tmp_path_factory, postgres_server):
+    yield from live_service(tmp_path_factory.mktemp("live-pg"), postgres_server.url(postgres_server.create_schema()))
 
 
 def chromium(*args: str, profile: Path) -> subprocess.CompletedProcess:
@@ -81,7 +93,9 @@ def test_docs_page_screenshot(service, tmp_path):
     assert target.stat().st_size > 50_000  # a rendered page, not a blank one
 
 
-def test_schemathesis_finds_no_server_error_and_no_answer_outside_the_document(service, tmp_path):
+@pytest.mark.both_databases
+def test_schemathesis_finds_no_server_error_and_no_answer_outside_the_document(backend, request, tmp_path):
+    service = request.getfixturevalue("service" if backend == "sqlite" else "postgres_service")
     run = subprocess.run(
         [BIN / "schemathesis", "run", f"{service.base_url}/openapi.json",
          "--header", f"Authorization: Bearer {service.key}", "--checks", FUZZ_CHECKS,
