@@ -45,6 +45,7 @@ def enqueue_test_ping(subscription: Subscription, key_id: str, now_ms: int) -> E
     event_id = f"evt_{uuid.uuid4()}"
     envelope = {"event": TEST_PING, "id": event_id, "subscription_id": subscription.id,
                 "occurred_at": iso(now_ms), "data": data}
+    # Serialized once: every attempt sends these bytes.
     body = json.dumps(envelope, separators=(",", ":"), ensure_ascii=False).encode()
     with write_transaction():
         event = Event.create(id=event_id, subscription=subscription, kind=TEST_PING, body=body,

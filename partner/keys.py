@@ -6,9 +6,9 @@ import re
 import secrets
 from dataclasses import dataclass, field
 
-from partner.errors import ValidationError, field_error
 from models import ApiKey, Organization
 from partner.database import is_sqlite, new_id, random_token, select_rows, write_transaction
+from partner.errors import ValidationError, field_error
 
 KEY_PREFIX = "vck_"
 KEY_ID_LENGTH = 20
@@ -74,7 +74,8 @@ def find_active_key(full_key: str) -> Caller | None:
     if parts is None:
         return None
     key_id, secret = parts
-    row = next(iter(select_rows(_KEY_LOOKUP, (key_id,))), None)
+    rows = select_rows(_KEY_LOOKUP, (key_id,))
+    row = rows[0] if rows else None
     expected = row["secret_hash"] if row else _DUMMY_HASH
     if not hmac.compare_digest(expected, hash_secret(secret)) or row is None or row["revoked_at"] is not None:
         return None
@@ -133,13 +134,11 @@ def create_key(slug: str, scopes: list[str], now_ms: int, rate_limit: int | None
 
 
 def revoke_key(key_id: str, now_ms: int) -> ApiKey | None:
-    """Revoke a key at once; None when there is no such key. Revoking twice keeps the first time."""
+    """Revoke a key at once; None when there is no such key. Revoking twice keeps the first time, also
+    when another revocation or a rotation of the key commits meanwhile (the update is conditional)."""
     with write_transaction():
-        key = ApiKey.get_or_none(ApiKey.key_id == key_id)
-        if key is not None and key.revoked_at is None:
-            key.revoked_at = now_ms
-            key.save()
-    return key
+        ApiKey.update(revoked_at=now_ms).where((ApiKey.key_id == key_id) & ApiKey.revoked_at.is_null()).execute()
+        return ApiKey.get_or_none(ApiKey.key_id == key_id)
 
 
 def rotate_key(key_id: str, now_ms: int) -> IssuedKey | None:
@@ -147,8 +146,10 @@ def rotate_key(key_id: str, now_ms: int) -> IssuedKey | None:
     with write_transaction():
         query = ApiKey.select(ApiKey, Organization).join(Organization).where(
             ApiKey.key_id == key_id, ApiKey.revoked_at.is_null())
-        if not is_sqlite():  # a revoke or rotation of this key elsewhere commits first, and is seen
-            query = query.for_update(of=ApiKey)
+        # On PostgreSQL a revocation or rotation of this key committing meanwhile is waited for, and
+        # seen; on SQLite the write transaction already excludes it.
+        if not is_sqlite():
+            query = query.for_update("FOR NO KEY UPDATE", of=ApiKey)
         old = query.first()
         if old is None:
             return None

@@ -16,9 +16,9 @@ import pytest
 import requests
 
 from partner.edge import apidocs
+from tests.gunicorn_server import BIN, ROOT, Gunicorn
 from tests.servers import free_port
 from tests.support import ENCRYPTION_KEYS
-from tests.gunicorn_server import BIN, ROOT, Gunicorn
 
 SCREENSHOT = ROOT / "docs" / "api-docs.png"
 CHROMIUM_SECONDS = 90

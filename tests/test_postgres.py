@@ -12,7 +12,7 @@ import models
 from partner import encryption, migrations, sealing
 from tests import support
 from partner.errors import ValidationError
-from partner.keys import create_key, rotate_key
+from partner.keys import create_key, revoke_key, rotate_key
 from models import ApiKey, Delivery, Event, Failure, Organization, Setting, Subscription, db, open_database
 from partner.database import is_sqlite
 from partner.database import write_transaction
@@ -376,3 +376,15 @@ def test_a_rotation_racing_a_revoke_of_its_key_issues_nothing(database, postgres
     assert errors == []
     assert rotated == [None]
     assert [(key.key_id, key.revoked_at) for key in ApiKey.select()] == [(old.key_id, 5)]
+
+
+def test_a_revocation_racing_another_keeps_the_first_time(database, postgres_url):
+    """Revoking twice keeps the first time, also when the second waits for the first to commit."""
+    key = create_key("acme", ["webhooks:manage"], 1).key
+    revoked = []
+    errors = race_behind(
+        postgres_url, [("UPDATE api_key SET revoked_at = 5 WHERE key_id = %s", (key.key_id,))],
+        (connected(lambda: revoked.append(revoke_key(key.key_id, 7))), sessions_waiting(1)))
+    assert errors == []
+    assert revoked[0].revoked_at == 5
+    assert ApiKey.get_by_id(key.key_id).revoked_at == 5
