@@ -2,8 +2,9 @@
 with a failure record (state_scale's database), and the longest an API write waits meanwhile.
 
 A writer thread commits what a test ping commits (events.enqueue_test_ping, as the API does) one
-after another while partner.backup.backup copies the database; each write's duration is recorded. Target (issue 18): no write stalls more than 100 ms. Standalone:
-`python bench/backup_stall.py [HISTORY]`; not yet part of run_all.py.
+after another while partner.backup.backup copies the database; each write's duration is recorded.
+Target (issue 18): no write stalls more than 100 ms. Standalone: `python bench/backup_stall.py
+[HISTORY]`; not yet part of run_all.py.
 """
 
 import os

@@ -1,4 +1,4 @@
-"""Online backup and verified restore of the SQLite database (CONTRACT §9). PostgreSQL has its own
+"""Online backup and verified restore of the SQLite database (docs/data.md). PostgreSQL has its own
 tools (pg_dump / pg_restore): these refuse it rather than reimplement them.
 
 Backup: SQLite's backup API (sqlite3.Connection.backup) copies every page in one step, inside one

@@ -1,4 +1,4 @@
-"""Configuration: CONTRACT §1's `PARTNER_*` variables, their defaults, and a check at start-up."""
+"""Configuration: the `PARTNER_*` variables (docs/operations.md), their defaults, and a check at start-up."""
 
 import os
 import time
@@ -27,7 +27,7 @@ DEFAULTS = {
     "LOG_FORMAT": "text",  # applied by gunicorn.conf.py (logs.py); checked here too
     "AUTH_FAILURE_RATE_LIMIT": 60,
     "MAX_CONTENT_LENGTH": 64 * 1024,
-    # Reverse-proxy hops whose X-Forwarded-For / -Proto are believed (CONTRACT §10). 0: a client can
+    # Reverse-proxy hops whose X-Forwarded-For / -Proto are believed (docs/deploying.md). 0: a client can
     # never choose the address its failed authentications are counted against.
     "TRUSTED_PROXIES": 0,
     "ENCRYPTION_KEYS": None,  # unset: a key file on SQLite (ENCRYPTION_KEY_FILE), refused on PostgreSQL

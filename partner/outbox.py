@@ -167,7 +167,7 @@ class Outcome:
     result: AttemptResult
     attempted_at: int
     finished_at: int
-    jitter: float = 0.0  # seconds added to the retry delay (RetryPolicy)
+    jitter: float = 0.0  # the fraction (up to retry.MAX_JITTER) the retry delay grows by
 
 
 def write_outcomes(outcomes: list[Outcome], policy: RetryPolicy) -> list[Recorded]:

@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 DAY_MS = 86_400_000
 # A century: any age past it is "keep everything", and the cutoff stays a time a datetime can show.
 MAX_DAYS = 36_500
-BATCH = 100  # about 15 ms of SQLite write lock per batch (bench/state_scale.py: ≤ 50 ms)
+BATCH = 100  # a few ms of SQLite write lock per batch (bench/state_scale.py: ≤ 50 ms)
 PAUSE_SECONDS = 0.005  # between batches: writers queued behind one get in before the next
 CHECK_EVERY_HOURS = 1  # each process checks hourly; the lease makes it one run a day overall
 _LEASE = "retention_next_run_at"

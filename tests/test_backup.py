@@ -1,4 +1,4 @@
-"""`flask db backup` / `flask db restore` (CONTRACT §9) as an operator runs them, beside a real
+"""`flask db backup` / `flask db restore` (docs/data.md) as an operator runs them, beside a real
 gunicorn that accepts and delivers pings throughout."""
 
 import re

@@ -1,4 +1,4 @@
-"""CONTRACT §5: several processes may scan the same database, and a due delivery is claimed by
+"""Several processes may scan the same database, and a due delivery is claimed by
 exactly one of them. Real OS processes and threads with their own connections, on SQLite and on
 PostgreSQL, race to claim the same due deliveries."""
 

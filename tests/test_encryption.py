@@ -1,4 +1,4 @@
-"""Webhook secrets sealed at rest (CONTRACT §9): never stored in plaintext, the partner's `whsec_…`
+"""Webhook secrets sealed at rest (docs/data.md): never stored in plaintext, the partner's `whsec_…`
 keeps verifying before and after a key rotation, a stored secret under a key no configured key has
 is refused at start-up, and the key file used on SQLite when no key is configured."""
 

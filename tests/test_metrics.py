@@ -1,4 +1,4 @@
-"""/metrics (CONTRACT §7) through the real app: names, types, labels, and no id or URL in a label.
+"""/metrics (docs/operations.md) through the real app: names, types, labels, and no id or URL in a label.
 
 Counters live in this test process and only grow, so every assertion compares before and after.
 """
@@ -10,7 +10,7 @@ from tests.receivers import Receiver
 from tests.support import WEBHOOKS
 
 
-CONTRACT_METRICS = {  # name: (type, label names)
+DOCUMENTED_METRICS = {  # name: (type, label names)
     "partner_http_requests": ("counter", {"method", "route", "status"}),
     "partner_http_request_duration_seconds": ("histogram", {"route"}),
     "partner_delivery_attempts": ("counter", {"event", "outcome"}),
@@ -55,7 +55,7 @@ def failing_receiver():
 def test_every_contract_metric_is_exposed_with_its_type_and_labels(client, auth):
     client.get(WEBHOOKS, headers=auth)
     families = scrape(client)["types"]
-    for name, (kind, labels) in CONTRACT_METRICS.items():
+    for name, (kind, labels) in DOCUMENTED_METRICS.items():
         assert name in families, name
         family_type, family = families[name]
         assert family_type == kind, name

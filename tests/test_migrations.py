@@ -1,4 +1,4 @@
-"""Schema versions (CONTRACT §9): every released database is recognised and brought forward with
+"""Schema versions (docs/data.md): every released database is recognised and brought forward with
 every row intact, a fresh database has the same shape as the oldest one migrated, one process
 migrates at a time, an up-to-date start runs no DDL, and a database newer than the code is refused."""
 
@@ -114,6 +114,15 @@ def test_processes_starting_together_migrate_once(database_url):
     assert errors == []
     assert sorted(applied) == history(database_url)  # each migration applied by exactly one of them
     assert len(applied) == LATEST
+
+
+def test_a_new_database_says_its_migrations_are_recorded_not_run(database_url, caplog):
+    """The runner logs each migration of a new database as "up: … [FAKE]"; the line before says why."""
+    caplog.set_level("INFO")
+    open_database(database_url)
+    lines = [record.getMessage() for record in caplog.records if record.name.startswith(("partner", "peewee"))]
+    said = lines.index("new database: made from schema.sql; its migrations are recorded as applied, not run")
+    assert lines[said + 1:] == [f"up: {name} [FAKE]" for name in migrations.names()]
 
 
 def test_a_database_newer_than_the_code_is_refused_and_left_untouched(database_url, caplog):

@@ -1,4 +1,4 @@
-"""`flask webhooks list|enable` and `flask deliveries list|replay` (CONTRACT §7), through the real
+"""`flask webhooks list|enable` and `flask deliveries list|replay` (docs/operations.md), through the real
 app and CLI, with real receivers on 127.0.0.1 and the queue stepped with run_due()."""
 
 import pytest

@@ -1,4 +1,4 @@
-"""/healthz, /readyz and X-Request-Id (CONTRACT §7), through the real app on a real database."""
+"""/healthz, /readyz and X-Request-Id (docs/operations.md), through the real app on a real database."""
 
 import functools
 import random

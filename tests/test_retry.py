@@ -1,4 +1,4 @@
-"""The retry schedule and the failure decision (retry.py): pure values, SPEC.md's delivery table."""
+"""The retry schedule and the failure decision (retry.py): pure values, the schedule docs/webhooks.md promises."""
 
 import pytest
 
@@ -10,8 +10,8 @@ HOUR = 60 * MINUTE
 DEFAULT_DELAYS = [60, 300, 1800, 7200, 21600, 86400]  # PARTNER_DELIVERY_RETRY_DELAYS, in seconds
 FINISHED_AT = 1_800_000_000_123  # when the failed attempt ended, Unix ms
 
-# SPEC.md "Delivery of one event": failed attempt -> wait before the next one.
-SPEC_TABLE = [(1, 1 * MINUTE), (2, 5 * MINUTE), (3, 30 * MINUTE), (4, 2 * HOUR), (5, 6 * HOUR),
+# docs/webhooks.md's schedule: failed attempt -> wait before the next one.
+SCHEDULE = [(1, 1 * MINUTE), (2, 5 * MINUTE), (3, 30 * MINUTE), (4, 2 * HOUR), (5, 6 * HOUR),
               (6, 24 * HOUR)]
 
 def every_attempt(jitters: list[float]) -> list:
@@ -26,7 +26,7 @@ def wait_after(attempt: int, jitter: float = 0.0, finished_at: int = FINISHED_AT
 
 
 def table_wait(attempt: int) -> int:
-    return dict(SPEC_TABLE)[attempt]
+    return dict(SCHEDULE)[attempt]
 
 
 # --- the table --------------------------------------------------------------------------------
@@ -35,7 +35,7 @@ def test_seven_attempts_per_event():
     assert max_attempts(DEFAULT_DELAYS) == 7
 
 
-@pytest.mark.parametrize("attempt, wait", SPEC_TABLE)
+@pytest.mark.parametrize("attempt, wait", SCHEDULE)
 def test_without_jitter_the_wait_is_exactly_the_table(attempt, wait):
     assert wait_after(attempt) == wait
 
@@ -50,7 +50,7 @@ def test_no_attempt_after_the_seventh(attempt):
 
 
 @pytest.mark.parametrize("finished_at", [0, 1, 1_800_000_000_000, 1_800_000_000_999])
-@pytest.mark.parametrize("attempt, wait", SPEC_TABLE)
+@pytest.mark.parametrize("attempt, wait", SCHEDULE)
 def test_the_wait_counts_from_the_end_of_the_failed_attempt(attempt, wait, finished_at):
     assert next_attempt_at(attempt, finished_at, DEFAULT_DELAYS) == finished_at + wait
 

@@ -1,4 +1,4 @@
-"""ssrf.check_url: cases from CONTRACT §6, the IANA special-purpose registries and SSRF bypass write-ups.
+"""ssrf.check_url: cases from docs/security.md, the IANA special-purpose registries and SSRF bypass write-ups.
 
 No test touches the network: every name goes through a stub resolver.
 """

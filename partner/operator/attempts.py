@@ -1,4 +1,4 @@
-"""What the operator sees of each delivery attempt: one log line (CONTRACT §7) and its metrics.
+"""What the operator sees of each delivery attempt: one log line (docs/operations.md) and its metrics.
 
 The line is logged as the dispatcher's (logger `delivery`): operators filter on that name."""
 

@@ -1,4 +1,4 @@
-"""The operator CLI, every `flask` command group: keys, webhooks, deliveries, db. Keys have no
+"""The operator CLI, every `flask` command group: keys, webhooks, deliveries, db, encryption. Keys have no
 HTTP endpoint. Thin: parse, call one domain function, print."""
 
 import os

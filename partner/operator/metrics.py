@@ -1,4 +1,4 @@
-"""The Prometheus metrics of CONTRACT §7 and their exposition.
+"""The Prometheus metrics (docs/operations.md) and their exposition.
 
 Under gunicorn, gunicorn.conf.py points PROMETHEUS_MULTIPROC_DIR at a directory before any worker
 imports prometheus_client: each worker then writes its counts to files there and a scrape, whichever

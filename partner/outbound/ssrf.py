@@ -1,4 +1,4 @@
-"""May we send to this URL? The one place that answers (CONTRACT §6, internal targets)."""
+"""May we send to this URL? The one place that answers (docs/security.md lists the internal targets)."""
 
 from __future__ import annotations
 
