@@ -11,12 +11,11 @@ costs: single drains side by side gave the sealed service 0.80 to 1.23 of the un
 cost itself is also timed directly, in this process: one open, against a delivery's worker CPU.
 """
 
-import statistics
 import sys
 import time
 import timeit
 
-from harness import (REPO, Partner, Receiver, Service, at_least, copy_of, drain_backlog, info, percentile, pick,
+from harness import (REPO, Partner, Receiver, Service, at_least, info, median_drains, percentile, pick,
                      queue_backlog, report, run_threads, slug, workdir)
 from scale_out import EVENTS, SUBSCRIPTIONS
 
@@ -61,26 +60,12 @@ def open_microseconds(count: int = 100_000) -> float:
     return timeit.timeit(lambda: sealing.open_secret("wh_bench", key_id, sealed), number=count) / count * 1e6
 
 
-def median_drains(tmp, receiver: Receiver, backlog) -> dict[str, tuple[float, float]]:
-    """Each variant's median drain rate and worker CPU per delivery over ROUNDS rounds, the variants
-    taking turns within each round, each round starting with the next one."""
-    drains: dict[str, list[tuple[float, float]]] = {name: [] for name in DRAINED}
-    turns = list(DRAINED.items())
-    for round_ in range(ROUNDS):
-        first = round_ % len(turns)
-        for name, (app, env) in turns[first:] + turns[:first]:
-            run = f"{name} {round_}"
-            drains[name].append(drain_backlog(tmp, receiver, EVENTS, run, env, app=app, database=copy_of(backlog, run)))
-    return {name: (statistics.median(rate for rate, _ in runs), statistics.median(cpu for _, cpu in runs))
-            for name, runs in drains.items()}
-
-
 def main() -> dict:
     with workdir("data-costs") as tmp, Receiver() as receiver:
         writes = {name: api_write_latencies(tmp, receiver, name, *variant)
                   for name, variant in {"service": SERVICE, "NORMAL commits": VARIANTS["NORMAL commits"]}.items()}
         backlog, _ = queue_backlog(tmp, receiver, SUBSCRIPTIONS, EVENTS)
-        drains = median_drains(tmp, receiver, backlog)
+        drains = median_drains(tmp, receiver, EVENTS, backlog, DRAINED, ROUNDS)
     figures = []
     for name, latencies in writes.items():
         figures += [info(f"API write p50, {name}", percentile(latencies, 50), "ms"),

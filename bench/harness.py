@@ -12,6 +12,7 @@ import platform
 import shutil
 import signal
 import socket
+import statistics
 import sqlite3
 import subprocess
 import sys
@@ -109,15 +110,24 @@ class Service:
             args += ["--scope", scope]
         return self.flask(*args).strip().splitlines()[-1]
 
-    def start(self) -> "Service":
+    def start(self, wait: bool = True) -> "Service":
+        """Start gunicorn; by default, return once it serves."""
         measured_revision()  # the code this gunicorn loads, not whatever is there when the bench ends
         self.log_out = open(self.workdir / f"{self.name}.out", "ab")
         self.log_err = open(self.workdir / f"{self.name}.err", "ab")
+        self.log_err_start = self.log_err.tell()  # the name's earlier runs wrote before it
         self.process = subprocess.Popen([str(BIN / "gunicorn"), "--no-control-socket", self.app],
                                         cwd=SERVICE_ROOT, env=self.env, stdout=self.log_out,
                                         stderr=self.log_err, start_new_session=True)
-        self.wait_until_serving()
+        if wait:
+            self.wait_until_serving()
         return self
+
+    def scanners_started(self) -> int:
+        """How many of its workers have started their delivery scanner (delivery.py logs it)."""
+        with open(self.workdir / f"{self.name}.err", "rb") as err:
+            err.seek(self.log_err_start)
+            return err.read().count(b"delivery scanner started")
 
     def wait_until_serving(self) -> None:
         deadline = time.monotonic() + BOOT_SECONDS
@@ -411,20 +421,51 @@ def drain_backlog(tmp: Path, receiver: "Receiver", events: int, name: str, env: 
     """Start `services` services on a database of `events` due pings to `receiver` (the SQLite file
     `database`, or the PARTNER_DATABASE_URL in `env`) and time the drain at the receiver:
     deliveries/s ((deliveries - 1) / (last arrival - first arrival)), and the workers' CPU
-    milliseconds per delivery, read from /proc before they stop."""
+    milliseconds per delivery, read from /proc before they stop. Both count from the moment every
+    worker's scanner runs: the services start together, but a worker that boots first drains
+    alone meanwhile (a second gunicorn worker starts scanning 0.1-0.2 s after the first, a second
+    service, started after the first served, 0.4-0.6 s: a fifth of a 3,000-ping drain)."""
     receiver.reset()
     with ExitStack() as running:
-        started = [running.enter_context(Service(tmp, env, app=app, name=f"{slug(name)}-{n}", database=database))
-                   for n in range(services)]
+        started = [Service(tmp, env, app=app, name=f"{slug(name)}-{n}", database=database) for n in range(services)]
+        for service in started:
+            running.callback(service.stop)
+            service.start(wait=False)
+        for service in started:
+            service.wait_until_serving()
         workers = [pid for service in started for pid in child_pids(service.process.pid)]
+        deadline = time.monotonic() + BOOT_SECONDS
+        while sum(service.scanners_started() for service in started) < len(workers):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{name}: not every worker started its scanner in {BOOT_SECONDS} s")
+            time.sleep(0.005)
+        scanning_from = time.monotonic()  # the receiver stamps arrivals on the same system-wide clock
         cpu_before = sum(cpu_seconds(pid) for pid in workers)
         if not receiver.wait_for_count(events, timeout):
             raise RuntimeError(f"{name}: {receiver.count} of {events} delivered in {timeout} s")
         time.sleep(0.2)  # the last outcomes are recorded
         cpu = sum(cpu_seconds(pid) for pid in workers) - cpu_before
-    arrivals = [at for _, at in receiver.arrivals.values()]
-    return (len(arrivals) - 1) / (max(arrivals) - min(arrivals)), cpu * 1000 / events
+    arrivals = [at for _, at in receiver.arrivals.values() if at >= scanning_from]
+    return (len(arrivals) - 1) / (max(arrivals) - min(arrivals)), cpu * 1000 / len(arrivals)
 
+
+
+def median_drains(tmp: Path, receiver: "Receiver", events: int, backlog: Path, runs: dict[str, tuple[str, dict]],
+                  rounds: int, timeout: float = 300) -> dict[str, tuple[float, float]]:
+    """Each run's (app, env) drains a copy of `backlog` `rounds` times, the runs taking turns within a
+    round and each round starting with the next run; returns each run's median drain rate and
+    worker CPU per delivery. One drain moves by a fifth from run to run: a ratio of single drains
+    is mostly noise."""
+    drains: dict[str, list[tuple[float, float]]] = {name: [] for name in runs}
+    turns = list(runs.items())
+    for round_ in range(rounds):
+        first = round_ % len(turns)
+        for name, (app, env) in turns[first:] + turns[:first]:
+            run = f"{name} {round_}"
+            drains[name].append(drain_backlog(tmp, receiver, events, run, env, app=app,
+                                              database=copy_of(backlog, run), timeout=timeout))
+    return {name: (statistics.median(rate for rate, _ in results), statistics.median(cpu for _, cpu in results))
+            for name, results in drains.items()}
 
 # --- figures and the report -----------------------------------------------------------------------
 
