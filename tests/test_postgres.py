@@ -365,26 +365,27 @@ def test_two_first_keys_of_one_organization_share_it(database, postgres_url):
     assert [org.id for org in Organization.select().where(Organization.slug == "newco")] == ["org_first"]
 
 
+def behind_a_revocation(postgres_url: str, key_id: str, command):
+    """What `command(key_id, 7)` returns, run while another session revokes the key at 5 and commits
+    once the command waits for it."""
+    returned = []
+    errors = race_behind(
+        postgres_url, [("UPDATE api_key SET revoked_at = 5 WHERE key_id = %s", (key_id,))],
+        (connected(lambda: returned.append(command(key_id, 7))), sessions_waiting(1)))
+    assert errors == []
+    return returned[0]
+
+
 def test_a_rotation_racing_a_revoke_of_its_key_issues_nothing(database, postgres_url):
     """An operator rotates a key while another revokes it: the rotation waits for the revoke and
     then finds no active key to rotate, where it used to issue a new key for a revoked one."""
     old = create_key("acme", ["webhooks:manage"], 1).key
-    rotated = []
-    errors = race_behind(
-        postgres_url, [("UPDATE api_key SET revoked_at = 5 WHERE key_id = %s", (old.key_id,))],
-        (connected(lambda: rotated.append(rotate_key(old.key_id, 7))), sessions_waiting(1)))
-    assert errors == []
-    assert rotated == [None]
+    assert behind_a_revocation(postgres_url, old.key_id, rotate_key) is None
     assert [(key.key_id, key.revoked_at) for key in ApiKey.select()] == [(old.key_id, 5)]
 
 
 def test_a_revocation_racing_another_keeps_the_first_time(database, postgres_url):
     """Revoking twice keeps the first time, also when the second waits for the first to commit."""
     key = create_key("acme", ["webhooks:manage"], 1).key
-    revoked = []
-    errors = race_behind(
-        postgres_url, [("UPDATE api_key SET revoked_at = 5 WHERE key_id = %s", (key.key_id,))],
-        (connected(lambda: revoked.append(revoke_key(key.key_id, 7))), sessions_waiting(1)))
-    assert errors == []
-    assert revoked[0].revoked_at == 5
+    assert behind_a_revocation(postgres_url, key.key_id, revoke_key).revoked_at == 5
     assert ApiKey.get_by_id(key.key_id).revoked_at == 5
