@@ -12,13 +12,14 @@ import platform
 import shutil
 import signal
 import socket
-import statistics
 import sqlite3
+import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass
@@ -449,23 +450,32 @@ def drain_backlog(tmp: Path, receiver: "Receiver", events: int, name: str, env: 
     return (len(arrivals) - 1) / (max(arrivals) - min(arrivals)), cpu * 1000 / len(arrivals)
 
 
+Pair = tuple[float, float]  # a drain's rate and worker CPU per delivery
 
-def median_drains(tmp: Path, receiver: "Receiver", events: int, backlog: Path, runs: dict[str, tuple[str, dict]],
-                  rounds: int, timeout: float = 300) -> dict[str, tuple[float, float]]:
-    """Each run's (app, env) drains a copy of `backlog` `rounds` times, the runs taking turns within a
-    round and each round starting with the next run; returns each run's median drain rate and
-    worker CPU per delivery. One drain moves by a fifth from run to run: a ratio of single drains
+
+def median_of_rounds(runs: dict[str, Callable[[str], Pair]], rounds: int) -> dict[str, Pair]:
+    """Each run called `rounds` times with a name of its own, the runs taking turns within a round and
+    each round starting with the next run; the medians of the pair each returns (a drain's rate and
+    worker CPU per delivery). One drain moves by a fifth from run to run: a ratio of single drains
     is mostly noise."""
-    drains: dict[str, list[tuple[float, float]]] = {name: [] for name in runs}
-    turns = list(runs.items())
+    results: dict[str, list[Pair]] = {name: [] for name in runs}
+    turns = list(runs)
     for round_ in range(rounds):
         first = round_ % len(turns)
-        for name, (app, env) in turns[first:] + turns[:first]:
-            run = f"{name} {round_}"
-            drains[name].append(drain_backlog(tmp, receiver, events, run, env, app=app,
-                                              database=copy_of(backlog, run), timeout=timeout))
-    return {name: (statistics.median(rate for rate, _ in results), statistics.median(cpu for _, cpu in results))
-            for name, results in drains.items()}
+        for name in turns[first:] + turns[:first]:
+            results[name].append(runs[name](f"{name} {round_}"))
+    return {name: (statistics.median(a for a, _ in pairs), statistics.median(b for _, b in pairs))
+            for name, pairs in results.items()}
+
+
+def median_drains(tmp: Path, receiver: "Receiver", events: int, backlog: Path, runs: dict[str, tuple[str, dict]],
+                  rounds: int, timeout: float = 300) -> dict[str, Pair]:
+    """median_of_rounds of drain_backlog: each run's (app, env) drains a copy of `backlog`."""
+    def drains(app: str, env: dict) -> Callable[[str], Pair]:
+        return lambda run: drain_backlog(tmp, receiver, events, run, env, app=app, database=copy_of(backlog, run),
+                                         timeout=timeout)
+    return median_of_rounds({name: drains(app, env) for name, (app, env) in runs.items()}, rounds)
+
 
 # --- figures and the report -----------------------------------------------------------------------
 
