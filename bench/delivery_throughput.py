@@ -19,8 +19,8 @@ import subprocess
 import sys
 import tempfile
 
-from harness import (BENCH_DIR, SERVICE_ENV, Receiver, Service, at_least, at_most, copy_of, cpu_seconds, info,
-                     median_of_rounds, partner_tls, pick, profiled, queue_backlog, report, slug, workdir)
+from harness import (BENCH_DIR, SERVICE_ENV, Receiver, at_least, at_most, copy_of, drain_backlog, info,
+                     median_of_rounds, partner_tls, pick, queue_backlog, report, workdir)
 
 EVENTS = pick(10_000, 500)
 SUBSCRIPTIONS = 100
@@ -66,23 +66,6 @@ def receiver_alone(receiver: Receiver) -> float | None:
     return float(next(line for line in output.splitlines() if line.startswith("Requests/sec")).split()[1])
 
 
-def drain(tmp, receiver: Receiver, backlog, name: str, env: dict) -> tuple[float, float]:
-    """Start the service on a copy of `backlog` and time its drain into `receiver`: deliveries/s and
-    worker CPU ms per delivery."""
-    name = slug(name)
-    receiver.reset()
-    service = Service(tmp, env, name=name, database=copy_of(backlog, name))
-    with service, profiled(service, f"delivery_throughput_{name}"):
-        worker = service.worker_pid()
-        cpu_before = cpu_seconds(worker)  # the drain has just begun: boot is done
-        drained = receiver.wait_for_count(EVENTS, DRAIN_TIMEOUT)
-        cpu_ms = (cpu_seconds(worker) - cpu_before) * 1000 / EVENTS
-        arrivals = [at for _, at in receiver.arrivals.values()]
-    if not drained:
-        raise RuntimeError(f"{name}: only {len(arrivals)} of {EVENTS} deliveries within {DRAIN_TIMEOUT} s")
-    return rate(arrivals), cpu_ms
-
-
 def main() -> dict:
     with workdir("throughput") as tmp:
         identity, bundle = partner_tls(tmp)
@@ -90,9 +73,13 @@ def main() -> dict:
             https_backlog, _ = queue_backlog(tmp, tls_receiver, SUBSCRIPTIONS, EVENTS, database=tmp / "https.sqlite3")
             http_backlog, enqueue_seconds = queue_backlog(tmp, receiver, SUBSCRIPTIONS, EVENTS,
                                                           database=tmp / "http.sqlite3")
+
+            def drain_into(into: Receiver, backlog, env: dict):
+                return lambda run: drain_backlog(tmp, into, EVENTS, f"delivery_throughput {run}", env,
+                                                 database=copy_of(backlog, run), timeout=DRAIN_TIMEOUT)
             tls = {"PARTNER_DELIVERY_CA_BUNDLE": str(bundle)}
-            drains = median_of_rounds({"https": lambda run: drain(tmp, tls_receiver, https_backlog, run, tls),
-                                       "http": lambda run: drain(tmp, receiver, http_backlog, run, {})}, ROUNDS)
+            drains = median_of_rounds({"https": drain_into(tls_receiver, https_backlog, tls),
+                                       "http": drain_into(receiver, http_backlog, {})}, ROUNDS)
             (https_rate, https_cpu_ms), (service_rate, service_cpu_ms) = drains["https"], drains["http"]
             plain_rate, plain_cpu_ms = baseline(receiver, keep_alive=False)
             keep_alive_rate, _ = baseline(receiver, keep_alive=True)

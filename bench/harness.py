@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -422,7 +422,8 @@ def drain_backlog(tmp: Path, receiver: "Receiver", events: int, name: str, env: 
     """Start `services` services on a database of `events` due pings to `receiver` (the SQLite file
     `database`, or the PARTNER_DATABASE_URL in `env`) and time the drain at the receiver:
     deliveries/s ((deliveries - 1) / (last arrival - first arrival)), and the workers' CPU
-    milliseconds per delivery, read from /proc before they stop. Both count from the moment every
+    milliseconds per delivery, read from /proc before they stop (a one-worker drain is profiled under
+    BENCH_PROFILE, into bench/results/<name>.folded). Both count from the moment every
     worker's scanner runs: the services start together, but a worker that boots first drains
     alone meanwhile (a second gunicorn worker starts scanning 0.1-0.2 s after the first, a second
     service, started after the first served, 0.4-0.6 s: a fifth of a 3,000-ping drain)."""
@@ -442,8 +443,9 @@ def drain_backlog(tmp: Path, receiver: "Receiver", events: int, name: str, env: 
             time.sleep(0.005)
         scanning_from = time.monotonic()  # the receiver stamps arrivals on the same system-wide clock
         cpu_before = sum(cpu_seconds(pid) for pid in workers)
-        if not receiver.wait_for_count(events, timeout):
-            raise RuntimeError(f"{name}: {receiver.count} of {events} delivered in {timeout} s")
+        with profiled(started[0], slug(name)) if len(workers) == 1 else nullcontext():
+            if not receiver.wait_for_count(events, timeout):
+                raise RuntimeError(f"{name}: {receiver.count} of {events} delivered in {timeout} s")
         time.sleep(0.2)  # the last outcomes are recorded
         cpu = sum(cpu_seconds(pid) for pid in workers) - cpu_before
     arrivals = [at for _, at in receiver.arrivals.values() if at >= scanning_from]

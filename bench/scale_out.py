@@ -6,8 +6,8 @@ scanner off and copied for each run. Each run starts one gunicorn on its copy an
 at the receiver ((deliveries - 1) / (last arrival - first arrival), from the moment every worker
 scans); the workers' CPU is read from /proc before they stop. On SQLite (one writer): 1 worker,
 2 workers, and 1 worker with PARTNER_DELIVERY_CONCURRENCY=8, taking turns for ROUNDS rounds, each
-figure the median of its rounds (a single drain moves by a fifth). On PostgreSQL (a throwaway server, as the tests start one; skipped
-when it is not installed): 1 service and 2 services of one worker each, each draining a backlog
+figure the median of its rounds (a single drain moves by a fifth). On PostgreSQL (a throwaway
+server, as the tests start one; skipped when it is not installed): 1 service and 2 services of one worker each, each draining a backlog
 queued anew, with the rows written per delivery from the server's statistics, read once the
 services have stopped (a backend reports its counts when it exits). "No higher" allows 1 %: a
 claim that loses a race to the other service is written again, a few rows in 3,000 deliveries.

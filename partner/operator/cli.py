@@ -1,5 +1,5 @@
-"""The operator CLI, every `flask` command group: keys, webhooks, deliveries, db, encryption. Keys have no
-HTTP endpoint. Thin: parse, call one domain function, print."""
+"""The operator CLI, every `flask` command group: keys, webhooks, deliveries, db, encryption. Keys
+have no HTTP endpoint. Thin: parse, call one domain function, print."""
 
 import os
 import sys

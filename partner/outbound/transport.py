@@ -55,7 +55,7 @@ class AttemptResult:
     ok: bool  # True only for a 2xx received completely within the deadline
     http_status: int | None  # None when no status line came
     error: str | None  # None, "http_status", "timeout", "connection_error", "tls_error" or "redirect"
-    response_excerpt: str  # the body's start, at most outside_text.EXCERPT_BYTES once encoded (outside_text.excerpt)
+    response_excerpt: str  # the body's start, cut by outside_text.excerpt (EXCERPT_BYTES once encoded)
     duration_ms: int
 
 
