@@ -42,8 +42,8 @@ def list_deliveries(subscription_id: str, state: str | None, limit: int) -> list
 
 def replay_dead_letters(subscription_id: str, now_ms: int, since_ms: int | None = None,
                         event_id: str | None = None) -> int:
-    """Queue the subscription's dead-lettered deliveries again, due now, with a fresh set of attempts.
-    The events keep their id and body bytes. Refused while the subscription is disabled. Returns how
+    """Queue the subscription's dead-lettered deliveries again, due now, with a fresh set of attempts
+    (unrecorded ones included: one dead-lettered `not_recorded` is sent again, not dead at once). The events keep their id and body bytes. Refused while the subscription is disabled. Returns how
     many were queued; `since_ms` keeps events that occurred at or after it, `event_id` one event."""
     with write_transaction():
         subscription = _find(subscription_id, lock=True)
@@ -55,7 +55,7 @@ def replay_dead_letters(subscription_id: str, now_ms: int, since_ms: int | None 
             events = events.where(Event.created_at >= since_ms)
         if event_id is not None:
             events = events.where(Event.id == event_id)
-        return (Delivery.update(state=Delivery.PENDING, attempts=0, due_at=now_ms, lease_token=None)
+        return (Delivery.update(state=Delivery.PENDING, attempts=0, unrecorded=0, due_at=now_ms, lease_token=None)
                 .where((Delivery.subscription == subscription_id) & (Delivery.state == Delivery.DEAD)
                        & Delivery.event.in_(events))
                 .execute())

@@ -16,6 +16,7 @@ from peewee import IntegrityError
 
 from models import Delivery, Event, Failure, Organization, Subscription, db
 from partner.claims import pick_due
+from partner.deliveries import replay_dead_letters
 from partner.events import enqueue_test_ping
 from partner.outbox import MAX_UNRECORDED, claim_due, release
 from partner.outbound.transport import AttemptResult
@@ -226,6 +227,20 @@ def test_an_attempt_never_recorded_is_counted_and_the_bound_dead_letters_it(orga
     assert (failure.error, failure.attempt, failure.http_status, failure.next_attempt_at) == (
         "not_recorded", 1, None, None)
     assert Subscription.get_by_id(subscription.id).consecutive_failures == 1
+
+
+def test_a_replayed_not_recorded_dead_letter_is_attempted_with_a_fresh_budget(organization):
+    [subscription] = subscriptions(organization("acme"), 1)
+    event_id = enqueue_ping(subscription)
+    now = NOW
+    for _ in range(MAX_UNRECORDED + 1):  # the last claim dead-letters it, not_recorded
+        claim_due(now, 8, LEASE)
+        now += LEASE
+    assert replay_dead_letters(subscription.id, now) == 1
+    [claim] = claim_due(now, 8, LEASE)
+    assert (claim.event_id, claim.attempt) == (event_id, 1)
+    assert Delivery.get_by_id(event_id).unrecorded == 0
+    assert Failure.select().count() == 1  # only the first dead letter's
 
 
 def test_giving_a_claim_back_does_not_count_it_as_unrecorded(organization):
