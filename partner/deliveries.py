@@ -43,8 +43,9 @@ def list_deliveries(subscription_id: str, state: str | None, limit: int) -> list
 def replay_dead_letters(subscription_id: str, now_ms: int, since_ms: int | None = None,
                         event_id: str | None = None) -> int:
     """Queue the subscription's dead-lettered deliveries again, due now, with a fresh set of attempts
-    (unrecorded ones included: one dead-lettered `not_recorded` is sent again, not dead at once). The events keep their id and body bytes. Refused while the subscription is disabled. Returns how
-    many were queued; `since_ms` keeps events that occurred at or after it, `event_id` one event."""
+    (unrecorded ones included: one dead-lettered `not_recorded` is sent again, not dead at once). The
+    events keep their id and body bytes. Refused while the subscription is disabled. Returns how many
+    were queued; `since_ms` keeps events that occurred at or after it, `event_id` one event."""
     with write_transaction():
         subscription = _find(subscription_id, lock=True)
         if not subscription.active:
