@@ -21,6 +21,7 @@ from partner.edge.apidocs import docs
 from partner.encryption import check_stored_keys
 from partner.edge.auth import authenticate, require_scope
 from partner.edge.health import install_health
+from partner.edge.ops_port import install_ops_port
 from partner.edge.pagination import cursor_key, encode_cursor, read_page_args
 from partner.edge.problems import register_error_handlers
 from partner.edge.ratelimit import RateLimits
@@ -74,6 +75,7 @@ def create_app(overrides: dict | None = None) -> Flask:
     install_response_headers(app)
     _trust_proxies(app, app.config["TRUSTED_PROXIES"])
     app.before_request(_refuse_doubled_slashes)
+    install_ops_port(app)
     app.teardown_request(_close_connection)
     register_error_handlers(app)
     app.register_blueprint(api)

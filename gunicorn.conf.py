@@ -6,6 +6,7 @@ import os
 import shutil
 import tempfile
 
+from partner.config import is_port
 from partner.operator.logs import ACCESS_FORMAT, GunicornLogger, logging_config
 
 wsgi_app = "wsgi:app"
@@ -33,9 +34,22 @@ if not os.environ.get(METRICS_DIR):
 
 
 def on_starting(server):
-    """Empty the metrics directory of a previous run's counts (once per start, not per reload)."""
+    """Empty the metrics directory of a previous run's counts (once per start, not per reload), and
+    listen on PARTNER_OPS_PORT too (partner/edge/ops_port.py). Here, not in `bind`, so that the port
+    is added to whatever addresses the command line gives."""
     for stale in glob.glob(os.path.join(os.environ[METRICS_DIR], "*.db")):
         os.remove(stale)
+    ops_port = os.environ.get("PARTNER_OPS_PORT", "")
+    if ops_port.isdecimal() and is_port(int(ops_port)):  # else the app's configuration check refuses it
+        server.cfg.set("bind", [*server.cfg.bind, f"{_host_of(server.cfg.bind)}:{int(ops_port)}"])
+
+
+def _host_of(addresses: list[str]) -> str:
+    """The host of the first TCP address (the ops port listens beside the partner port), else loopback."""
+    for address in addresses:
+        if not address.startswith(("unix:", "fd://")) and ":" in address:
+            return address.rsplit(":", 1)[0]
+    return "127.0.0.1"
 
 
 def on_exit(server):

@@ -30,6 +30,9 @@ DEFAULTS = {
     # Reverse-proxy hops whose X-Forwarded-For / -Proto are believed (docs/deploying.md). 0: a client can
     # never choose the address its failed authentications are counted against.
     "TRUSTED_PROXIES": 0,
+    # A second port for /healthz, /readyz, /metrics, /openapi.json and /docs (edge/ops_port.py); unset:
+    # they answer on the partner port.
+    "OPS_PORT": None,
     "ENCRYPTION_KEYS": None,  # unset: a key file on SQLite (ENCRYPTION_KEY_FILE), refused on PostgreSQL
     "ENCRYPTION_KEY_FILE": "",  # empty: encryption.key in the instance folder
     # Seams for tests: the wall clock (Unix seconds) and the DNS resolver (SEAMS).
@@ -61,6 +64,8 @@ def check_config(config) -> None:
     _require("RETENTION_DAYS", config["RETENTION_DAYS"] <= MAX_DAYS, f"at most {MAX_DAYS} (a century)")
     _require("TRUSTED_PROXIES", _is_integer(config["TRUSTED_PROXIES"]) and config["TRUSTED_PROXIES"] >= 0,
              "a whole number of proxy hops, 0 or more")
+    ops_port = config["OPS_PORT"]
+    _require("OPS_PORT", ops_port is None or is_port(ops_port), "a TCP port number, 1 to 65535")
     delays = config["DELIVERY_RETRY_DELAYS"]
     _require("DELIVERY_RETRY_DELAYS", isinstance(delays, list)
              and all(_is_number(d) and d >= 0 for d in delays), "a JSON list of seconds")
@@ -78,6 +83,10 @@ def check_config(config) -> None:
 def _require(name: str, ok: bool, expected: str) -> None:
     if not ok:
         raise ValueError(f"PARTNER_{name} must be {expected}")
+
+
+def is_port(value) -> bool:
+    return _is_integer(value) and 1 <= value <= 65535
 
 
 def _is_number(value) -> bool:

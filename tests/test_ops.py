@@ -165,9 +165,17 @@ def test_error_responses_carry_the_request_id_too(client, auth):
         assert len(response.headers["X-Request-Id"]) == 32
 
 
-@pytest.mark.parametrize("name, bad", [("LOG_FORMAT", "xml"), ("RETENTION_DAYS", 0),
+@pytest.mark.parametrize("name, bad", [("LOG_FORMAT", "xml"), ("RETENTION_DAYS", 0), ("OPS_PORT", 0), ("OPS_PORT", "9100"),
                                        ("RETENTION_DAYS", "30")])
 def test_a_bad_operations_setting_stops_start_up_naming_it(config, name, bad):
     from app import create_app
     with pytest.raises(ValueError, match=f"PARTNER_{name}"):
         create_app({**config, name: bad})
+
+
+def test_with_an_ops_port_a_server_without_gunicorn_sorts_requests_by_its_own_port(config):
+    from app import create_app
+    client = create_app({**config, "OPS_PORT": 9100}).test_client()
+    assert client.get("/healthz", base_url="http://localhost:9100").status_code == 200
+    assert_problem(client.get("/healthz"), 404, "not_found")
+    assert_problem(client.get(WEBHOOKS, base_url="http://localhost:9100"), 404, "not_found")

@@ -12,7 +12,7 @@ import pytest
 from prometheus_client.mmap_dict import MmapedDict
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support import WEBHOOKS
+from tests.support import WEBHOOKS, free_port
 from tests.gunicorn_server import Gunicorn
 
 REQUESTS = 120
@@ -135,3 +135,27 @@ def test_an_unknown_log_format_stops_start_up_naming_the_setting(server_env, tmp
     server = Gunicorn({**server_env, "PARTNER_LOG_FORMAT": "xml"}, tmp_path)
     assert server.process.wait(timeout=30) != 0
     assert "PARTNER_LOG_FORMAT" in server.output()[1]
+
+
+OPS_ENDPOINTS = ("/healthz", "/readyz", "/metrics", "/openapi.json", "/docs", "/docs/init.js")
+
+
+@pytest.mark.parametrize("options", ["", "--bind 127.0.0.1:{port}"])  # a bind given on the command line too
+def test_with_an_ops_port_the_operator_endpoints_answer_there_and_nowhere_else(start_gunicorn, server_env,
+                                                                               session, smoke_key, options):
+    ops_port = free_port()
+    server = start_gunicorn(PARTNER_OPS_PORT=str(ops_port), GUNICORN_CMD_ARGS=options.format(port=server_env["PORT"]))
+    ops, auth = f"http://127.0.0.1:{ops_port}", {"Authorization": f"Bearer {smoke_key}"}
+    for path in OPS_ENDPOINTS:
+        assert session.get(ops + path, timeout=5).status_code == 200, path
+        elsewhere = session.get(server.base_url + path, timeout=5)
+        assert (elsewhere.status_code, elsewhere.headers["Content-Type"]) == (404, "application/problem+json"), path
+    assert session.get(server.base_url + WEBHOOKS, headers=auth, timeout=5).status_code == 200
+    on_the_ops_port = session.get(ops + WEBHOOKS, headers=auth, timeout=5)
+    assert (on_the_ops_port.status_code, on_the_ops_port.json()["code"]) == (404, "not_found")
+
+
+def test_an_ops_port_that_is_not_a_port_stops_start_up_naming_the_setting(server_env, tmp_path):
+    server = Gunicorn({**server_env, "PARTNER_OPS_PORT": "70000"}, tmp_path)
+    assert server.process.wait(timeout=30) != 0
+    assert "PARTNER_OPS_PORT must be a TCP port number" in server.output()[1]

@@ -1,0 +1,40 @@
+"""PARTNER_OPS_PORT: the operator's endpoints on a port of their own.
+
+When it is set, gunicorn also listens on that port (gunicorn.conf.py) and each request is served by
+the port it arrived on: /healthz, /readyz, /metrics, /openapi.json and /docs only on the ops port,
+everything else only on the partner port; the other port answers 404 problem+json, as for a path
+that does not exist. So the partner port can face the internet while probes and scrapes stay on a
+port the network keeps private. The port is the listening socket's own, never one a client wrote:
+behind a unix socket gunicorn takes SERVER_PORT from the Host header.
+"""
+
+from functools import partial
+
+from flask import Flask, request
+from werkzeug.exceptions import NotFound
+
+OPS_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/openapi.json", "/docs"})
+
+
+def install_ops_port(app: Flask) -> None:
+    port = app.config["OPS_PORT"]
+    if port is not None:
+        app.before_request(partial(_keep_apart, port))
+
+
+def is_ops_path(path: str) -> bool:
+    return path in OPS_PATHS or path.startswith("/docs/")
+
+
+def arrival_port(environ: dict) -> int | None:
+    """The local port of the connection the request came on (None: a unix socket)."""
+    connection = environ.get("gunicorn.socket")
+    if connection is None:  # another server (tests, `flask run`): the port it listens on
+        return int(environ.get("SERVER_PORT") or 0)
+    address = connection.getsockname()
+    return address[1] if isinstance(address, tuple) else None
+
+
+def _keep_apart(ops_port: int) -> None:
+    if is_ops_path(request.path) != (arrival_port(request.environ) == ops_port):
+        raise NotFound()
