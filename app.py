@@ -19,6 +19,7 @@ from partner.config import load_config
 from partner.database import probe_write
 from partner.edge.apidocs import docs
 from partner.encryption import check_stored_keys
+from partner.errors import StartRefused
 from partner.edge.auth import authenticate, require_scope
 from partner.edge.health import install_health
 from partner.edge.ops_port import install_ops_port
@@ -51,7 +52,11 @@ def create_app(overrides: dict | None = None) -> Flask:
     """Build the app: configuration, database (schema applied), rate limits, routes, CLI.
     Starts no thread: the delivery scheduler is started by the server's worker hook."""
     app = Flask(__name__)
-    load_config(app, overrides)
+    try:
+        load_config(app, overrides)
+        dispatcher = Dispatcher(app.config)  # loads PARTNER_DELIVERY_CA_BUNDLE
+    except ValueError as error:
+        _refuse(error, "refusing to start: %s", error)
     if app.config["ALLOWED_NETWORKS"]:
         log.warning("webhook targets in %s are exempt from the internal-address block",
                     ", ".join(map(str, app.config["ALLOWED_NETWORKS"])))
@@ -67,7 +72,7 @@ def create_app(overrides: dict | None = None) -> Flask:
             _refuse_unknown_keys(app)
             app.extensions["cursor_key"] = cursor_key()
     app.extensions["rate_limits"] = RateLimits(app)
-    app.extensions["delivery"] = Dispatcher(app.config)
+    app.extensions["delivery"] = dispatcher
     lookups = Lookups(app.config["RESOLVER"], threads=8)
     app.extensions["subscription_fields"] = subscription_fields(
         lookups.within(CREATE_LOOKUP_SECONDS), app.config["ALLOWED_NETWORKS"])
@@ -104,11 +109,11 @@ def _open_database(url: str, migrate: bool):
 
 def _refuse(error: Exception, message: str, *args) -> NoReturn:
     """Say in one line why the service cannot start. A `flask` command then exits 1 without a
-    traceback (the line says it all); elsewhere the error is raised (gunicorn: the worker fails to boot)."""
+    traceback (the line says it all); elsewhere StartRefused is raised (wsgi.py: gunicorn stops)."""
     log.error(message, *args)
     if click.get_current_context(silent=True) is not None:
         raise click.exceptions.Exit(1) from error
-    raise error
+    raise StartRefused(message % args) from error
 
 
 def _load_keys(app: Flask) -> None:

@@ -1,5 +1,14 @@
 """The WSGI entry point for gunicorn and `flask`. Builds the app and starts nothing else."""
 
-from app import create_app
+import sys
 
-app = create_app()
+from app import create_app
+from partner.errors import StartRefused
+
+# gunicorn's exit status for an app that cannot load: it stops instead of booting workers again.
+APP_LOAD_ERROR = 4
+
+try:
+    app = create_app()
+except StartRefused:  # said in one line already; a traceback would bury it
+    sys.exit(APP_LOAD_ERROR)

@@ -1,4 +1,5 @@
-"""The errors the domain raises: one type that knows its HTTP response, and the operator's refusal."""
+"""The errors the domain raises: one type that knows its HTTP response, the operator's refusal, and the
+service's refusal to start."""
 
 
 class ApiError(Exception):
@@ -35,3 +36,8 @@ def field_error(field: str, code: str, message: str) -> dict:
 
 class OperatorError(Exception):
     """A refusal the operator must read: the command exits 1 with this message."""
+
+
+class StartRefused(Exception):
+    """The service cannot start with this configuration or database; create_app has said why in one
+    line of the log."""

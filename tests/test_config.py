@@ -6,7 +6,9 @@ import time
 import pytest
 
 from app import create_app
+from partner.errors import StartRefused
 from partner.outbound import ssrf
+from tests.gunicorn_server import run_flask
 
 
 def test_the_default_trust_store_needs_no_bundle(config):
@@ -20,14 +22,14 @@ def test_a_bundle_is_loaded_at_start_up(config, ca_bundle):
 
 @pytest.mark.parametrize("bundle", ["/nonexistent/ca.pem", 42, ["/etc/ssl/certs"]])
 def test_a_bundle_that_is_not_a_file_stops_start_up(config, bundle):
-    with pytest.raises(ValueError, match="PARTNER_DELIVERY_CA_BUNDLE"):
+    with pytest.raises(StartRefused, match="PARTNER_DELIVERY_CA_BUNDLE"):
         create_app({**config, "DELIVERY_CA_BUNDLE": bundle})
 
 
 def test_a_bundle_without_certificates_stops_start_up(config, tmp_path):
     not_pem = tmp_path / "ca.pem"
     not_pem.write_text("not a certificate\n")
-    with pytest.raises(ValueError, match="PARTNER_DELIVERY_CA_BUNDLE"):
+    with pytest.raises(StartRefused, match="PARTNER_DELIVERY_CA_BUNDLE"):
         create_app({**config, "DELIVERY_CA_BUNDLE": str(not_pem)})
 
 
@@ -49,10 +51,19 @@ def test_trusted_proxies_is_a_number_of_hops(config, monkeypatch, hops):
 @pytest.mark.parametrize("hops", ["-1", "1.5", '"1"', "true", "[1]"])
 def test_trusted_proxies_that_is_not_a_whole_number_of_hops_stops_start_up(config, monkeypatch, hops):
     monkeypatch.setenv("PARTNER_TRUSTED_PROXIES", hops)
-    with pytest.raises(ValueError, match="PARTNER_TRUSTED_PROXIES"):
+    with pytest.raises(StartRefused, match="PARTNER_TRUSTED_PROXIES"):
         create_app(config)
 
 
 def test_a_retention_longer_than_a_century_stops_start_up(config):
-    with pytest.raises(ValueError, match="PARTNER_RETENTION_DAYS must be at most 36500"):
+    with pytest.raises(StartRefused, match="PARTNER_RETENTION_DAYS must be at most 36500"):
         create_app({**config, "RETENTION_DAYS": 999_999_999})
+
+
+@pytest.mark.parametrize("name, value", [("TRUSTED_PROXIES", "-1"), ("DELIVERY_TIMEOUT", "0"),
+                                         ("DATABASE_URL", "nonsense"), ("OPS_PORT", "abc")])
+def test_an_operator_command_refuses_a_bad_setting_in_one_line(server_env, name, value):
+    result = run_flask({**server_env, f"PARTNER_{name}": value}, "keys", "list")
+    assert result.returncode == 1
+    assert f"refusing to start: PARTNER_{name} must be" in result.stderr and "Traceback" not in result.stderr, \
+        result.stderr

@@ -18,9 +18,9 @@ import subprocess
 import time
 
 import pytest
-from peewee import OperationalError
 
 from app import create_app
+from partner.errors import StartRefused
 from partner.operator.logs import database_name
 from tests.contract import ContractClient
 from tests.receivers import Receiver
@@ -163,7 +163,7 @@ def test_a_database_nobody_holds_open_on_a_full_disk_cannot_be_opened_and_start_
     create_app(config).extensions["database"].close_all()
     assert not (disk.path / "partner.sqlite3-shm").exists()
     disk.fill()
-    with pytest.raises(OperationalError):
+    with pytest.raises(StartRefused):
         create_app(config)
     [line] = logged(caplog, "app", logging.ERROR)
     assert line.startswith(f"database {database_url} cannot be opened (OperationalError: disk I/O error): "

@@ -13,6 +13,7 @@ from app import create_app
 from models import Subscription, db
 from partner import sealing
 from partner.encryption import check_stored_keys
+from partner.errors import StartRefused
 from tests.support import ENCRYPTION_KEYS, NEW_ENCRYPTION_KEY
 from tests.test_migrations import assert_no_plaintext_secret
 
@@ -67,7 +68,7 @@ def test_deliveries_verify_with_the_original_secret_before_and_after_a_rotation(
 
 def test_a_secret_under_a_key_no_longer_configured_is_refused_at_start_up(app, start, auth, caplog):
     app.test_client().post(WEBHOOKS, json={"url": "https://hooks.partner.example/x"}, headers=auth)
-    with pytest.raises(sealing.SealingError, match=f"key id {key_id(OLD)}"):
+    with pytest.raises(StartRefused, match=f"key id {key_id(OLD)}"):
         start([NEW])
     refusals = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
     assert len(refusals) == 1 and key_id(OLD) in refusals[0]
@@ -108,13 +109,13 @@ def test_new_key_prints_32_random_bytes_base64url(app):
 
 @pytest.mark.parametrize("keys", ['["short"]', "[]", "not json", '"a string"', "[1]"])
 def test_an_unusable_key_setting_is_refused_at_start_up(start, keys):
-    with pytest.raises(sealing.SealingError, match="PARTNER_ENCRYPTION_KEYS"):
+    with pytest.raises(StartRefused, match="PARTNER_ENCRYPTION_KEYS"):
         start(keys)
 
 
 def test_without_keys_sqlite_uses_a_key_file_made_once_with_mode_0600(config, tmp_path, backend, caplog):
     if backend != "sqlite":
-        with pytest.raises(sealing.SealingError, match="PARTNER_ENCRYPTION_KEYS is not set"):
+        with pytest.raises(StartRefused, match="PARTNER_ENCRYPTION_KEYS is not set"):
             create_app({**config, "ENCRYPTION_KEYS": None})
         return
     key_file = tmp_path / "instance" / "encryption.key"

@@ -14,7 +14,7 @@ from playhouse.db_url import connect
 from app import create_app
 from models import open_database
 from partner import migrations, sealing
-from partner.migrations import SchemaTooNew
+from partner.errors import StartRefused
 from tests import test_models, test_postgres
 from tests.fixtures.release_rows import RELEASES, ROWS, SECRETS, schema_sql
 from tests.gunicorn_server import run_flask
@@ -132,7 +132,7 @@ def test_a_database_newer_than_the_code_is_refused_and_left_untouched(database_u
         future.execute_sql(f'INSERT INTO "{migrations.HISTORY_TABLE}" (name, applied) '
                            f"VALUES ('{LATEST + 1:04d}_from_the_future', '2030-01-01')")
     before = history(database_url)
-    with pytest.raises(SchemaTooNew, match=f"version {LATEST + 1}, newer than this code's {LATEST}"):
+    with pytest.raises(StartRefused, match=f"version {LATEST + 1}, newer than this code's {LATEST}"):
         create_app({"DATABASE_URL": database_url, "SCHEDULER_ENABLED": False})
     assert history(database_url) == before
     refusals = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]

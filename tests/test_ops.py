@@ -9,6 +9,7 @@ import time
 import pytest
 from playhouse.db_url import connect
 
+from partner.errors import StartRefused
 from tests.servers import postgres_bin_dir, start_postgres
 from tests.support import PUBLIC_URL, WEBHOOKS, assert_problem, assert_unavailable
 
@@ -169,7 +170,7 @@ def test_error_responses_carry_the_request_id_too(client, auth):
                                        ("RETENTION_DAYS", "30")])
 def test_a_bad_operations_setting_stops_start_up_naming_it(config, name, bad):
     from app import create_app
-    with pytest.raises(ValueError, match=f"PARTNER_{name}"):
+    with pytest.raises(StartRefused, match=f"PARTNER_{name}"):
         create_app({**config, name: bad})
 
 

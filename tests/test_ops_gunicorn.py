@@ -158,4 +158,5 @@ def test_with_an_ops_port_the_operator_endpoints_answer_there_and_nowhere_else(s
 def test_an_ops_port_that_is_not_a_port_stops_start_up_naming_the_setting(server_env, tmp_path):
     server = Gunicorn({**server_env, "PARTNER_OPS_PORT": "70000"}, tmp_path)
     assert server.process.wait(timeout=30) != 0
-    assert "PARTNER_OPS_PORT must be a TCP port number" in server.output()[1]
+    stderr = server.output()[1]
+    assert "PARTNER_OPS_PORT must be a TCP port number" in stderr and "Traceback" not in stderr, stderr
