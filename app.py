@@ -31,7 +31,7 @@ from partner.edge.response_headers import install_response_headers
 from partner.edge.validation import Field, read_json_object, validate
 from partner.keys import IDENTITY_READ, WEBHOOKS_MANAGE
 from partner.migrations import SchemaTooNew
-from partner.operator.cli import COMMANDS, runs_a_schema_command
+from partner.operator.cli import AS_IT_IS, COMMANDS, NEEDS_NOTHING, runs_a_command
 from partner.operator.logs import database_name
 from partner.outbound.dns import Lookups
 from partner.events import TEST_PING, failures_page, trigger_test_ping
@@ -60,17 +60,7 @@ def create_app(overrides: dict | None = None) -> Flask:
     if app.config["ALLOWED_NETWORKS"]:
         log.warning("webhook targets in %s are exempt from the internal-address block",
                     ", ".join(map(str, app.config["ALLOWED_NETWORKS"])))
-    _load_keys(app)
-    if runs_a_schema_command():  # it reads or changes the database as it is, and serves nothing
-        app.extensions["database"] = _open_database(app.config["DATABASE_URL"], migrate=False)
-    else:
-        if app.config["DATABASE_URL"].startswith("sqlite"):  # `flask db restore` refuses while held
-            hold_serving_lock(sqlite_path(app.config["DATABASE_URL"]))
-        app.extensions["database"] = _open_database(app.config["DATABASE_URL"], migrate=True)
-        _say_if_the_database_cannot_write(app)
-        with db.connection_context():
-            _refuse_unknown_keys(app)
-            app.extensions["cursor_key"] = cursor_key()
+    _open_storage(app)
     app.extensions["rate_limits"] = RateLimits(app)
     app.extensions["delivery"] = dispatcher
     lookups = Lookups(app.config["RESOLVER"], threads=8)
@@ -90,8 +80,29 @@ def create_app(overrides: dict | None = None) -> Flask:
         app.cli.add_command(group)
     # No connection outlives start-up: with gunicorn --preload this process forks the workers, and an
     # SQLite connection must never be used on both sides of a fork.
-    db.close_idle()
+    if "database" in app.extensions:  # not opened for `flask encryption new-key`
+        db.close_idle()
     return app
+
+
+def _open_storage(app: Flask) -> None:
+    """The keys and the database, as this process needs them: a service (or an operator's command)
+    migrates the database and refuses what it cannot serve; a schema command takes the database as
+    it is; `flask encryption new-key` needs neither."""
+    if runs_a_command(NEEDS_NOTHING):
+        return
+    _load_keys(app)
+    url = app.config["DATABASE_URL"]
+    if runs_a_command(AS_IT_IS):  # it reads or changes the database as it is, and serves nothing
+        app.extensions["database"] = _open_database(url, migrate=False)
+        return
+    if url.startswith("sqlite"):  # `flask db restore` refuses while held
+        hold_serving_lock(sqlite_path(url))
+    app.extensions["database"] = _open_database(url, migrate=True)
+    _say_if_the_database_cannot_write(app)
+    with db.connection_context():
+        _refuse_unknown_keys(app)
+        app.extensions["cursor_key"] = cursor_key()
 
 
 def _open_database(url: str, migrate: bool):

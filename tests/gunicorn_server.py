@@ -39,9 +39,12 @@ def server_env(database_url):
     return env
 
 
-def run_flask(env, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+FLASK = (str(BIN / "flask"),)
+
+
+def run_flask(env, *args: str, timeout: float = 60, launcher: tuple[str, ...] = FLASK) -> subprocess.CompletedProcess:
     """The operator CLI in a process of its own, as an operator runs it, with `env` as its environment."""
-    return subprocess.run([BIN / "flask", *args], cwd=ROOT, env=env, capture_output=True, text=True,
+    return subprocess.run([*launcher, *args], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=timeout)
 
 

@@ -2,11 +2,13 @@
 every row intact, a fresh database has the same shape as the oldest one migrated, one process
 migrates at a time, an up-to-date start runs no DDL, and a database newer than the code is refused."""
 
+import base64
 import os
 import shutil
 import urllib.parse
 import sqlite3
 import subprocess
+import sys
 
 import pytest
 from playhouse.db_url import connect
@@ -17,7 +19,7 @@ from partner import migrations, sealing
 from partner.errors import StartRefused
 from tests import test_models, test_postgres
 from tests.fixtures.release_rows import RELEASES, ROWS, SECRETS, schema_sql
-from tests.gunicorn_server import run_flask
+from tests.gunicorn_server import FLASK, run_flask
 from tests.support import free_port, run_together
 
 pytestmark = pytest.mark.both_databases
@@ -164,10 +166,10 @@ def test_a_start_on_an_up_to_date_database_runs_no_ddl(tmp_path):
     assert schema_cookie(path) == cookie
 
 
-def flask_on(database_url: str, *args: str) -> subprocess.CompletedProcess:
+def flask_on(database_url: str, *args: str, **options) -> subprocess.CompletedProcess:
     """An operator's `flask` command, in a process of its own, on the database at the URL."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLASK_")}
-    return run_flask({**env, "PARTNER_DATABASE_URL": database_url}, *args)
+    return run_flask({**env, "PARTNER_DATABASE_URL": database_url}, *args, **options)
 
 
 def test_db_status_and_upgrade_as_an_operator_runs_them(database_url):
@@ -186,6 +188,24 @@ def test_db_status_and_upgrade_as_an_operator_runs_them(database_url):
                            f"VALUES ('9999_future', '2030-01-01')")
     newer = flask_on(database_url, "db", "status")
     assert newer.returncode == 2 and "9999_future" in newer.stdout
+
+
+@pytest.mark.parametrize("launcher", [FLASK, (sys.executable, "-m", "flask")])
+def test_db_status_changes_nothing_however_flask_is_launched(database_url, launcher):
+    build_release(database_url, "1.0")
+    for _ in range(2):  # still pending the second time: the first migrated nothing
+        pending = flask_on(database_url, "db", "status", launcher=launcher)
+        assert pending.returncode == 1 and "pending: 0001_baseline" in pending.stdout, pending.stderr
+
+
+def test_new_key_needs_neither_encryption_keys_nor_a_database(database_url, tmp_path):
+    key_file = tmp_path / "no" / "encryption.key"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FLASK_", "PARTNER_"))}
+    result = run_flask({**env, "PARTNER_DATABASE_URL": database_url, "PARTNER_ENCRYPTION_KEY_FILE": str(key_file)},
+                       "encryption", "new-key")
+    assert result.returncode == 0, result.stderr
+    assert len(base64.urlsafe_b64decode(result.stdout.splitlines()[-1] + "=")) == 32
+    assert not key_file.parent.exists()
 
 
 def assert_no_plaintext_secret(database_url: str) -> None:

@@ -1,7 +1,6 @@
 """The operator CLI, every `flask` command group: keys, webhooks, deliveries, db, encryption. Keys
 have no HTTP endpoint. Thin: parse, call one domain function, print."""
 
-import os
 import sys
 from datetime import datetime
 
@@ -174,17 +173,21 @@ def db_prune(days: int | None) -> None:
                f"{iso(before)} ({days} days).")
 
 
-# `flask db …` commands that look at the database as it is: the app the flask command builds before
-# running them must neither migrate the database nor refuse it.
-SCHEMA_COMMANDS = ("status", "upgrade", "backup", "restore")
+# `flask …` commands that the app the flask CLI builds before running any command must not start up for
+# as a service does: the schema commands look at the database as it is, neither migrated nor refused;
+# new-key prints a key, needing neither keys nor a database.
+AS_IT_IS = {("db", "status"), ("db", "upgrade"), ("db", "backup"), ("db", "restore")}
+NEEDS_NOTHING = {("encryption", "new-key")}
 
 
-def runs_a_schema_command() -> bool:
-    """Whether this process is `flask [options] db status|upgrade|backup|restore`."""
-    argv = sys.argv
-    if not argv or os.path.basename(argv[0]) != "flask":
+def runs_a_command(commands: set[tuple[str, str]]) -> bool:
+    """Whether this process is `flask [options] GROUP COMMAND` for one of `commands`, however flask
+    was launched (`flask`, `python -m flask`). Read from the command line: the flask CLI builds the
+    app before it parses the command."""
+    if click.get_current_context(silent=True) is None:  # not under the flask CLI (gunicorn)
         return False
-    return any(group == "db" and command in SCHEMA_COMMANDS for group, command in zip(argv[1:], argv[2:]))
+    args = sys.argv[1:]
+    return any(pair in commands for pair in zip(args, args[1:]))
 
 
 @db_cli.command("status")
