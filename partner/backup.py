@@ -67,6 +67,8 @@ def backup(url: str, target: str) -> Copy:
         _fsync(partial)
         os.link(partial, target)  # atomic, and refuses a PATH created meanwhile
         _fsync(os.path.dirname(target))
+    except (OSError, sqlite3.Error) as error:  # no such directory, no write permission, a full disk
+        raise OperatorError(f"the backup to {target} failed: {error}") from None
     finally:
         if os.path.exists(partial):
             os.unlink(partial)

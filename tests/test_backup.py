@@ -130,6 +130,15 @@ def test_a_backup_never_overwrites_and_a_bad_copy_is_never_restored(server_env, 
     assert refused.returncode == 1 and "newer than this code" in refused.stderr
 
 
+def test_a_backup_that_cannot_be_written_is_refused_in_one_line(server_env, backed_up, tmp_path):
+    (tmp_path / "a-file").write_text("")
+    for target in (tmp_path / "missing" / "copy.sqlite3", tmp_path / "a-file" / "copy.sqlite3"):
+        refused = flask_db(server_env, "backup", str(target))
+        assert refused.returncode == 1
+        assert refused.stderr.strip().splitlines() == [
+            f"Error: the backup to {target} failed: unable to open database file"], refused.stderr
+
+
 @pytest.mark.parametrize("command", ["backup", "restore"])
 def test_on_postgresql_the_commands_point_to_pg_dump(server_env, postgres_url, command, tmp_path):
     refused = flask_db({**server_env, "PARTNER_DATABASE_URL": postgres_url}, command, str(tmp_path / "x"))
