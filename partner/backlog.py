@@ -7,7 +7,9 @@ lease expired (their attempt died). An attempt in flight under a live lease is n
 
 import logging
 import math
+import os
 import sqlite3
+import urllib.parse
 from contextlib import closing
 from dataclasses import dataclass
 
@@ -24,7 +26,7 @@ _DUE = f"SELECT COUNT(*), MIN(due_at) FROM delivery WHERE {OPEN_CONDITION} AND d
 
 
 class DatabaseUnavailable(Exception):
-    """The database did not answer within the bound, or refused a write; the message says which."""
+    """The database could not be read within the bound, or refused a write; the message says which."""
 
 
 @dataclass(frozen=True)
@@ -49,7 +51,7 @@ def read_backlog(now_ms: int, timeout: float) -> Backlog:
     except (sqlite3.Error, psycopg2.Error) as error:
         # The driver's message may name the database host: it goes to the log, not to the caller.
         log.warning("database check failed: %s", _first_line(error))
-        raise DatabaseUnavailable(f"the database did not answer within {timeout:g} s "
+        raise DatabaseUnavailable(f"the database could not be read within {timeout:g} s "
                                   f"({type(error).__name__})") from None
     return Backlog(int(row[0]), None if row[1] is None else int(row[1]))
 
@@ -59,7 +61,9 @@ def _connect(database, timeout: float) -> tuple:
     driver's placeholder."""
     if isinstance(database, SqliteDatabase):
         # `timeout` bounds the wait for a lock another connection holds; nothing else here can block.
-        return sqlite3.connect(database.database, timeout=timeout, isolation_level=None), "?"
+        # mode=rw: a file that is gone is an error, not a new empty database made by asking.
+        uri = f"file:{urllib.parse.quote(os.path.abspath(database.database))}?mode=rw"
+        return sqlite3.connect(uri, uri=True, timeout=timeout, isolation_level=None), "?"
     params = dict(database.connect_params)
     # libpq bounds the whole connection set-up (whole seconds, at least 2); the server bounds each statement.
     params["connect_timeout"] = max(2, math.ceil(timeout))

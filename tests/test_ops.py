@@ -1,6 +1,7 @@
 """/healthz, /readyz and X-Request-Id (docs/operations.md), through the real app on a real database."""
 
 import functools
+import os
 import random
 import re
 import sqlite3
@@ -80,6 +81,17 @@ def test_neither_readyz_nor_a_scrape_ever_writes_to_the_database(client, databas
     for path in ("/readyz", "/metrics") * 20:
         assert client.get(path).status_code == 200
     assert commits(database_url, backend) == before
+
+
+def test_neither_readyz_nor_a_scrape_makes_a_database_file_that_has_gone(client, database_url, tmp_path):
+    path = database_url.removeprefix("sqlite:///")
+    for suffix in ("", "-wal", "-shm"):  # an operator moves the database away under the service
+        if os.path.exists(path + suffix):
+            os.rename(path + suffix, tmp_path / f"moved{suffix}")
+    detail = assert_problem(client.get("/readyz"), 503, "not_ready")["detail"]
+    assert detail == "database: the database could not be read within 2 s (OperationalError)."
+    assert client.get("/metrics").status_code == 200
+    assert not os.path.exists(path)
 
 
 def commits(database_url: str, backend: str) -> int:
