@@ -96,21 +96,25 @@ def load_keyring(configured, key_file: str, may_use_file: bool) -> Keyring:
 
 
 def _file_key(path: str) -> str:
+    """The key in the file at `path`, made at the first start. Written whole under another name and
+    then linked into place, so a process starting at the same moment reads a whole key or none."""
     try:
         with open(path) as file:
             return file.read().strip()
     except FileNotFoundError:
         pass
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    key = new_key()
-    try:
-        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:  # another process made it first
-        return _file_key(path)
-    with os.fdopen(descriptor, "w") as file:
+    key, partial = new_key(), f"{path}.partial-{secrets.token_hex(4)}"
+    with open(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as file:
         file.write(key + "\n")
         file.flush()
         os.fsync(file.fileno())
+    try:
+        os.link(partial, path)  # atomic, and refuses a key another process put there first
+    except FileExistsError:
+        return _file_key(path)
+    finally:
+        os.unlink(partial)
     log.warning("PARTNER_ENCRYPTION_KEYS is not set: webhook secrets are sealed with a key generated into %s "
                 "(keep it out of backups of the database; production should set PARTNER_ENCRYPTION_KEYS)", path)
     return key

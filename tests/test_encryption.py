@@ -3,6 +3,8 @@ keeps verifying before and after a key rotation, a stored secret under a key no 
 is refused at start-up, and the key file used on SQLite when no key is configured."""
 
 import base64
+import multiprocessing
+import multiprocessing.synchronize
 import os
 import stat
 
@@ -127,3 +129,23 @@ def test_without_keys_sqlite_uses_a_key_file_made_once_with_mode_0600(config, tm
     assert len(warnings) == 1 and warnings[0].levelname == "WARNING"
     with db.connection_context():
         check_stored_keys()  # the file's key is the one in use
+
+
+def _load_key_file(path: str, start: multiprocessing.synchronize.Barrier, keys: multiprocessing.Queue) -> None:
+    start.wait()
+    keys.put(sealing.load_keyring(None, path, True).sealing_id)
+
+
+def test_services_starting_together_make_one_key_file_and_all_use_it(tmp_path):
+    """Four processes at the first start, twenty times: each must read the whole key the first one made."""
+    forked = multiprocessing.get_context("fork")
+    for round_ in range(20):
+        path, start, keys = str(tmp_path / str(round_) / "encryption.key"), forked.Barrier(4), forked.Queue()
+        processes = [forked.Process(target=_load_key_file, args=(path, start, keys)) for _ in range(4)]
+        for process in processes:
+            process.start()
+        for process in processes:
+            process.join(timeout=30)
+        assert [process.exitcode for process in processes] == [0] * 4
+        assert len({keys.get(timeout=5) for _ in processes}) == 1
+        assert os.listdir(os.path.dirname(path)) == ["encryption.key"]
