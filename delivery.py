@@ -26,7 +26,7 @@ from models import db
 from partner import retention
 from partner.availability import database_failed, database_outage, describe, is_unavailable
 from partner.database import probe_write
-from partner.claims import any_due
+from partner.claims import any_due, next_due_at
 from partner.group_commit import GroupCommit
 from partner.operator.attempts import log_attempt
 from partner.outbound.sender import Sender
@@ -175,26 +175,31 @@ class Dispatcher:
         self._scan_backoff = 0.0  # the outage itself ends with a committed write (availability)
         if claims:
             self._rescan_in = 0.0
-        elif idle:
-            self._scan_again_if_due()
+        else:
+            self._scan_again_when_due(idle)
         return self._start(claims)
 
-    def _scan_again_if_due(self) -> None:
-        """This scan took nothing and nothing is in flight here. If deliveries are due (waiting behind
+    def _scan_again_when_due(self, idle: bool) -> None:
+        """This scan took nothing. Scan again when the next delivery falls due, if the poll comes
+        later: a retry then goes out at its time (its delay and jitter), not up to a poll interval
+        after it. And if nothing is in flight here (`idle`) while deliveries are due (waiting behind
         other processes' attempts, or taken first by their claims), scan again after RESCAN_SECONDS,
-        doubling while that lasts; if none is, the poll or a wake() comes first, and the next wait
-        starts from RESCAN_SECONDS again. Decided by the scan that leaves every slot free, not the one
-        that reserved them all: scans running together each reserve some."""
+        doubling while that lasts; if none is, the next wait starts from RESCAN_SECONDS again.
+        Decided by the scan that leaves every slot free, not the one that reserved them all: scans
+        running together each reserve some."""
         try:
             with db.connection_context():
-                due = any_due(now_ms(self.clock))
+                now = now_ms(self.clock)
+                due, later = idle and any_due(now), next_due_at(now)
         except Exception as error:  # noqa: BLE001 - unavailability backs off, the rest re-raised
             self._back_off(error)
             return
-        rescan_in = min(self.poll_interval, 2 * self._rescan_in or RESCAN_SECONDS) if due else 0.0
-        self._rescan_in = rescan_in
-        if due:
-            self._run_soon(SCAN_JOB, rescan_in)
+        if later is not None:
+            self._run_soon(SCAN_JOB, (later - now) / 1000)
+        if idle:
+            self._rescan_in = min(self.poll_interval, 2 * self._rescan_in or RESCAN_SECONDS) if due else 0.0
+            if due:
+                self._run_soon(SCAN_JOB, self._rescan_in)
 
     def _back_off(self, error: Exception) -> None:
         """The database cannot answer or write (down, disk full, locked): scan less often, log once.

@@ -66,6 +66,7 @@ SELECT event_id FROM ranked WHERE NOT failing OR nth <= {p}
 ORDER BY turn, due_at, event_id LIMIT {p}
 """
 _ANY_DUE = "SELECT 1 AS due FROM delivery WHERE {open} AND due_at <= {p} AND {live} LIMIT 1"
+_NEXT_DUE = "SELECT MIN(due_at) AS due_at FROM delivery WHERE {open} AND due_at > {p}"
 
 
 def pick_due(now_ms: int, limit: int, failing_limit: int | None) -> list[str]:
@@ -80,3 +81,11 @@ def any_due(now_ms: int) -> bool:
     nothing: then each waits behind an attempt in flight (one at a time per subscription), or
     another process's claim took it first."""
     return bool(select_rows(_ANY_DUE, (now_ms,), **SQL_CONDITIONS))
+
+
+def next_due_at(now_ms: int) -> int | None:
+    """When the next open delivery falls due after `now_ms` (a retry, a lease ending); None if none
+    will. Deleted subscriptions' deliveries count too: a wake-up for one costs a scan that takes
+    nothing, and leaving them out would search what the purge has yet to remove."""
+    [row] = select_rows(_NEXT_DUE, (now_ms,), **SQL_CONDITIONS)
+    return row["due_at"]

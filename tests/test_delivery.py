@@ -363,6 +363,18 @@ def test_the_scanner_delivers_a_ping_at_once_not_at_the_next_poll(dispatcher, re
     assert receiver.received[0].arrived_at - started < 1.0
 
 
+@pytest.mark.config(DELIVERY_POLL_INTERVAL=60, SCHEDULER_ENABLED=True, DELIVERY_RETRY_DELAYS=[0.5], CLOCK=time.time)
+@pytest.mark.both_databases
+def test_a_retry_goes_out_when_it_is_due_not_at_the_next_poll(dispatcher, start_receiver, subscribe, ping):
+    receiver = start_receiver(script=[500, 200])
+    subscription = subscribe(receiver.url)
+    dispatcher.start()
+    assert ping(subscription).status_code == 202
+    assert receiver.wait_for(2, seconds=5)
+    first, retry = receiver.received
+    assert 0.5 <= retry.arrived_at - first.arrived_at < 0.5 * 1.1 + 0.25  # the delay, its jitter, the attempt
+
+
 @pytest.mark.config(SCHEDULER_ENABLED=True, DELIVERY_TIMEOUT=3, DELIVERY_CONCURRENCY=4)
 @pytest.mark.parametrize("slow_events", [1, 6])
 @pytest.mark.both_databases
