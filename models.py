@@ -178,8 +178,9 @@ OPEN_CONDITION = "\"state\" IN ('pending', 'in_flight')"
 IN_FLIGHT_CONDITION = "\"state\" = 'in_flight'"
 IS_OPEN, IS_IN_FLIGHT = SQL(OPEN_CONDITION), SQL(IN_FLIGHT_CONDITION)
 # A delivery whose subscription is not deleted (a deleted one's history waits for the purge).
-LIVE_CONDITION = ("EXISTS (SELECT 1 FROM subscription WHERE subscription.id = delivery.subscription_id "
-                  "AND subscription.deleted_at IS NULL)")
+LIVE_SUBSCRIPTION = ("SELECT 1 FROM subscription WHERE subscription.id = delivery.subscription_id "
+                     "AND subscription.deleted_at IS NULL")
+LIVE_CONDITION = f"EXISTS ({LIVE_SUBSCRIPTION})"
 # The fragments above by the names the hand-written statements use: {open}, {in_flight}, {live}.
 SQL_CONDITIONS = {"open": OPEN_CONDITION, "in_flight": IN_FLIGHT_CONDITION, "live": LIVE_CONDITION}
 Delivery.add_index(ModelIndex(Delivery, (Delivery.due_at,), name="delivery_due_at").where(IS_OPEN))

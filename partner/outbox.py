@@ -6,6 +6,28 @@ takes deliveries under a lease and reads what their attempts need; HTTP happens 
 transaction; recording an outcome is a second short write that only counts if the lease is still ours.
 It locks the delivery before its subscription: whatever else takes both does the same
 (subscriptions.delete_subscription), or PostgreSQL can find the two waiting for each other.
+
+A delete and the attempt under way (docs/decisions.md): after the delete's 204 nothing more is
+started, and the outcome of an attempt claimed before it commits is not recorded. On SQLite writes
+take turns, so a claim commits wholly before a delete (which drops the lease it finds in flight) or
+after it (and finds the subscription deleted). On PostgreSQL they overlap: the take checks the
+subscription in its statement's snapshot, and the delete writes no pending delivery, so no row lock
+of the take would meet it. So the take holds the subscription of each delivery it takes (FOR SHARE,
+which the delete's UPDATE of it waits for), and recording holds each delivery and then its
+subscription, and records nothing for a deleted one (_HOLD). Each order of the two then ends right:
+- the delete commits before the take locks the subscription: PostgreSQL checks a row it locks again
+  in its newest version, so the take finds it deleted and takes nothing;
+- the delete holds the subscription, uncommitted: the take passes over it (SKIP LOCKED);
+- the take holds it first: the delete waits for the claim's commit, so the attempt was under way
+  before the 204; its outcome, written after, finds the subscription deleted, though _DROP_LEASES
+  ran before the take committed and could not see it;
+- recording holds it first: the outcome commits before the delete does, which then finds no attempt.
+Deadlocks: the take waits for nothing (SKIP LOCKED); recording, the delete and an auto-disable (part
+of recording) take the delivery before the subscription; a replay takes the subscription first, then
+dead letters, which nobody holds while waiting for a subscription; `flask encryption rotate` passes
+over held rows. (A claim settling a delivery it will not attempt, _attemptable, writes as recording
+does while it holds the subscription; in the rare cycle that can close, PostgreSQL rolls one back,
+and the scan or the request is made again.)
 """
 
 import logging
@@ -13,7 +35,7 @@ import secrets
 import time
 from dataclasses import dataclass, field
 
-from models import IS_OPEN, SQL_CONDITIONS, Delivery, Failure, Subscription
+from models import IS_OPEN, LIVE_SUBSCRIPTION, SQL_CONDITIONS, Delivery, Failure, Subscription
 from partner.claims import pick_due
 from partner.config import DEFAULTS
 from partner.database import is_sqlite, new_id, run_sql, select_rows, value_rows, write_transaction
@@ -32,10 +54,14 @@ log = logging.getLogger(__name__)
 # deleted: the pick was read before this statement, another process may have taken one or deleted its
 # subscription since, and on PostgreSQL SKIP LOCKED passes over one it is taking. A delivery in flight
 # whose lease expired is an attempt whose outcome was never recorded: it is counted here. What was
-# taken is read next, in the same transaction, by its lease token (_CLAIMED).
+# taken is read next, in the same transaction, by its lease token (_CLAIMED). On PostgreSQL {live} is
+# _HELD_LIVE.
 _TAKE = ('UPDATE delivery SET state = {p}, due_at = {p}, lease_token = {p}, '
          'unrecorded = unrecorded + CASE WHEN {in_flight} THEN 1 ELSE 0 END WHERE event_id IN '
          '(SELECT event_id FROM delivery WHERE event_id IN ({ids}) AND {open} AND due_at <= {p} AND {live}{lock})')
+# Holds the subscription until the claim commits, or passes over one another transaction writes (a delete
+# under way): the take's half of the module docstring's rule.
+_HELD_LIVE = f"EXISTS ({LIVE_SUBSCRIPTION} FOR SHARE SKIP LOCKED)"
 _CLAIMED = ('SELECT e.id AS event_id, e.kind, e.body, d.attempts, d.unrecorded, s.id AS subscription_id, '
             's.url, s.secret_key_id, s.secret_sealed, s.consecutive_failures, s.active FROM delivery AS d '
             'JOIN event AS e ON e.id = d.event_id JOIN subscription AS s ON s.id = d.subscription_id '
@@ -55,6 +81,13 @@ _FINISH_DELIVERED = ('UPDATE delivery SET state = {p}, attempts = attempts + 1, 
                      'lease_token = NULL WHERE event_id IN ({ids}) AND (event_id, lease_token) IN (VALUES {pairs}) '
                      'RETURNING event_id, subscription_id, (SELECT consecutive_failures FROM subscription '
                      'WHERE subscription.id = delivery.subscription_id) AS streak')
+# Recording's half on PostgreSQL: the deliveries whose lease is still ours and whose subscription is not
+# deleted, each locked and then its subscription. FOR NO KEY UPDATE, the lock the writes that follow
+# take: two recordings of one subscription (a late outcome and the next delivery's) holding FOR SHARE
+# would each wait for the other to let it write.
+_HOLD = ('SELECT d.event_id FROM delivery AS d JOIN subscription AS s ON s.id = d.subscription_id '
+         'WHERE d.event_id IN ({ids}) AND (d.event_id, d.lease_token) IN (VALUES {pairs}) '
+         'AND s.deleted_at IS NULL FOR UPDATE OF d FOR NO KEY UPDATE OF s')
 _RESET_STREAKS = ('UPDATE subscription SET consecutive_failures = 0 '
                   'WHERE id IN ({ids}) AND consecutive_failures <> 0')
 _COUNT_FAILURE = ('UPDATE subscription SET consecutive_failures = consecutive_failures + 1 '
@@ -113,10 +146,10 @@ def claim_due(now_ms: int, limit: int, lease_ms: int, failing_limit: int | None 
     if not picked:
         return []
     token = secrets.token_hex(11)  # 22 characters; a tenth of random_token's cost, once per scan
-    lock = "" if is_sqlite() else " FOR UPDATE SKIP LOCKED"
+    locks = {"lock": ""} if is_sqlite() else {"lock": " FOR UPDATE SKIP LOCKED", "live": _HELD_LIVE}
     with write_transaction(durable=False):
         taken = run_sql(_TAKE, (Delivery.IN_FLIGHT, now_ms + lease_ms, token, *picked, now_ms), ids=len(picked),
-                        lock=lock, **SQL_CONDITIONS).rowcount
+                        **{**SQL_CONDITIONS, **locks}).rowcount
         if not taken:
             return []
         rows = {row["event_id"]: row for row in select_rows(_CLAIMED, (*picked, token), ids=len(picked))}
@@ -171,16 +204,40 @@ class Outcome:
 
 
 def write_outcomes(outcomes: list[Outcome], policy: RetryPolicy) -> list[Recorded]:
-    """Record attempts whose claim's lease is still ours: a success marks the delivery delivered and
+    """Record attempts whose claim's lease is still ours (and, on PostgreSQL, whose subscription is not
+    deleted: module docstring): a success marks the delivery delivered and
     resets the subscription's failure streak; a failure is audited, counted, and decided by `policy`
     (next attempt, dead-letter, auto-disable). The dispatcher writes the outcomes of attempts
     finishing together at once (group_commit), in one transaction: a streak reset commits with its
     success, or neither does and the write can be made again while the lease lasts. Tests step one
     at a time (tests.support.record_attempt)."""
     with write_transaction(durable=False):
-        delivered = iter(_write_successes([outcome for outcome in outcomes if outcome.result.ok]))
-        return [Recorded(next(delivered)) if outcome.result.ok else _write_failure(outcome, policy)
+        held = _held(outcomes)
+        delivered = iter(_write_successes([o for o in outcomes if o.result.ok and o.claim.event_id in held]))
+        return [NOT_RECORDED if outcome.claim.event_id not in held
+                else Recorded(next(delivered)) if outcome.result.ok
+                else _record_failure(outcome.claim, outcome.result, outcome.attempted_at, outcome.finished_at,
+                                     policy, outcome.jitter)
                 for outcome in outcomes]
+
+
+def _held(outcomes: list[Outcome]) -> set[str]:
+    """The event ids of the outcomes to record, kept so until the caller's transaction ends. On SQLite,
+    whose write transaction excludes every claim and delete: each success (its write checks its lease)
+    and each failure whose lease is still ours. On PostgreSQL: those whose lease is still ours and
+    whose subscription is not deleted, held (_HOLD)."""
+    if is_sqlite():
+        return {outcome.claim.event_id for outcome in outcomes if outcome.result.ok or _holds_lease(outcome.claim)}
+    if not outcomes:
+        return set()
+    return {row["event_id"] for row in _by_lease(_HOLD, [outcome.claim for outcome in outcomes])}
+
+
+def _by_lease(template: str, claims: list[Claim], *params) -> list[dict]:
+    """select_rows of a statement naming `claims` by event id ({ids}) and by lease ({pairs}), after `params`."""
+    pairs = [value for claim in claims for value in (claim.event_id, claim.lease_token)]
+    return select_rows(template, (*params, *[claim.event_id for claim in claims], *pairs), ids=len(claims),
+                       pairs=value_rows(len(claims), 2))
 
 
 def _write_successes(outcomes: list[Outcome]) -> list[bool]:
@@ -189,21 +246,12 @@ def _write_successes(outcomes: list[Outcome]) -> list[bool]:
     if not outcomes:
         return []
     claims = [outcome.claim for outcome in outcomes]
-    pairs = [value for claim in claims for value in (claim.event_id, claim.lease_token)]
-    finished = select_rows(_FINISH_DELIVERED, (Delivery.DELIVERED, *[c.event_id for c in claims], *pairs),
-                           ids=len(claims), pairs=value_rows(len(claims), 2))
+    finished = _by_lease(_FINISH_DELIVERED, claims, Delivery.DELIVERED)
     streaks = {row["subscription_id"] for row in finished if row["streak"]}
     if streaks:
         run_sql(_RESET_STREAKS, streaks, ids=len(streaks))
     delivered = {row["event_id"] for row in finished}
     return [claim.event_id in delivered for claim in claims]
-
-
-def _write_failure(outcome: Outcome, policy: RetryPolicy) -> Recorded:
-    if not _holds_lease(outcome.claim):
-        return NOT_RECORDED
-    return _record_failure(outcome.claim, outcome.result, outcome.attempted_at, outcome.finished_at,
-                           policy, outcome.jitter)
 
 
 def _record_failure(claim: Claim, result: AttemptResult, attempted_at: int, finished_at: int,
@@ -238,13 +286,9 @@ def _release(lease_token: str, event_id: str, state: str, due_at: int | None) ->
 
 
 def _holds_lease(claim: Claim) -> bool:
-    """Whether the claim's lease is still ours; keeps it ours until the caller's transaction ends
-    (SQLite's write transaction already excludes other claimers; PostgreSQL needs the row lock)."""
-    query = Delivery.select(Delivery.event).where((Delivery.event == claim.event_id)
-                                                  & (Delivery.lease_token == claim.lease_token))
-    if not is_sqlite():
-        query = query.for_update()
-    return query.exists()
+    """Whether the claim's lease is still ours (on SQLite, whose write transaction keeps it so)."""
+    return (Delivery.select(Delivery.event)
+            .where((Delivery.event == claim.event_id) & (Delivery.lease_token == claim.lease_token)).exists())
 
 
 def _auto_disable(subscription_id: str, now_ms: int) -> None:

@@ -103,7 +103,8 @@ def delete_subscription(subscription: Subscription, now_ms: int) -> None:
     """Delete it at once for the partner (404, not listed, nothing more sent) in one short write;
     its events, deliveries and failures go later, in batches (retention.purge_deleted). The delivery
     in flight is locked before the subscription, as recording its outcome does (outbox): in the other
-    order each waits for the other, and PostgreSQL rolls one back as a deadlock."""
+    order each waits for the other, and PostgreSQL rolls one back as a deadlock. On PostgreSQL a claim
+    under way holds the subscription, and the update waits for it (why: outbox's module docstring)."""
     with write_transaction():
         run_sql(_DROP_LEASES, (subscription.id,))
         Subscription.update(deleted_at=now_ms).where((Subscription.id == subscription.id) & LIVE).execute()

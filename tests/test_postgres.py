@@ -18,7 +18,7 @@ from partner.database import is_sqlite
 from partner.database import write_transaction
 from partner.outbound.transport import AttemptResult
 from partner.events import enqueue_test_ping
-from partner.outbox import Outcome, _holds_lease, claim_due, write_outcomes
+from partner.outbox import Outcome, _held, claim_due, write_outcomes
 from partner.retry import RetryPolicy
 from partner.subscriptions import MAX_SUBSCRIPTIONS, create_subscription, delete_subscription
 
@@ -184,7 +184,7 @@ def test_a_lease_being_recorded_is_not_taken_over_meanwhile(database):
     enqueue_test_ping(create_subscription(org.id, "https://x.example/", None, 1), "KEYID", 1)
     [claim] = claim_due(1, 10, 1000)
     with write_transaction():
-        assert _holds_lease(claim)
+        assert _held([Outcome(claim, FAILED, 1, 1)]) == {claim.event_id}
         taken = []
         assert run_together(1, lambda: taken.extend(claim_due(1 + 1000, 10, 1000))) == []
         assert taken == []
@@ -250,6 +250,34 @@ def test_a_delete_and_the_outcome_it_races_wait_in_line_not_in_a_cycle(database,
     assert errors == []
     assert recorded[0].recorded and Failure.select().count() == 1
     assert Subscription.get_by_id(subscription.id).deleted_at == 3
+
+
+@pytest.mark.parametrize("result", [FAILED, AttemptResult(True, 200, None, "", 5)], ids=["failed", "delivered"])
+def test_a_delete_committing_while_a_claim_is_under_way_waits_for_it_and_records_nothing(database, postgres_url,
+                                                                                         result):
+    """A partner deletes a subscription while a claim that has taken its delivery is still uncommitted
+    (here it waits for the event table after its take): the delete's _DROP_LEASES cannot see the take.
+    The delete waits for the claim, so the attempt was under way before the 204, and its outcome is
+    not recorded. Before, the delete returned first, then the claim committed the delivery in flight
+    with its lease intact: sent after the 204, its outcome recorded on a deleted subscription."""
+    org = Organization.create(id="org_1", slug="acme", created_at=1)
+    subscription = create_subscription(org.id, "https://x.example/", None, 1)
+    event_id = enqueue_test_ping(subscription, "KEYID", 1).id
+    claims, claimed_at_204 = [], []
+
+    def delete():
+        delete_subscription(subscription, 3)
+        claimed_at_204.append(Delivery.get_by_id(event_id).state == Delivery.IN_FLIGHT)
+
+    errors = race_behind(
+        postgres_url, [("LOCK TABLE event IN ACCESS EXCLUSIVE MODE", ())],
+        (connected(lambda: claims.extend(claim_due(2, 10, 1000))), sessions_waiting(1)),
+        (connected(delete), lambda watcher: sessions_waiting(2)(watcher) or claimed_at_204))
+    assert errors == []
+    [claim] = claims
+    recorded = support.record_attempt(claim, result, 4, 5, RetryPolicy([60], 20), 0)
+    assert (claimed_at_204, recorded.recorded, Failure.select().count()) == ([True], False, 0)
+    assert Delivery.get_by_id(event_id).state == Delivery.IN_FLIGHT  # no retry: left for the purge
 
 
 def test_a_key_rotation_never_waits_in_a_cycle_with_a_batch_of_outcomes(database, postgres_url):
