@@ -12,11 +12,11 @@ import pytest
 
 import signing
 from app import create_app
-from models import Subscription, db
+from models import Event, Subscription, db
 from partner import sealing
 from partner.encryption import check_stored_keys
 from partner.errors import StartRefused
-from tests.support import ENCRYPTION_KEYS, NEW_ENCRYPTION_KEY
+from tests.support import ENCRYPTION_KEYS, NEW_ENCRYPTION_KEY, assert_unavailable, ping_as
 from tests.test_migrations import assert_no_plaintext_secret
 
 pytestmark = [pytest.mark.both_databases, pytest.mark.config(WEBHOOK_ALLOWED_NETWORKS=["127.0.0.0/8"])]
@@ -74,6 +74,21 @@ def test_a_secret_under_a_key_no_longer_configured_is_refused_at_start_up(app, s
         start([NEW])
     refusals = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
     assert len(refusals) == 1 and key_id(OLD) in refusals[0]
+
+
+def test_a_ping_to_a_process_without_the_new_key_is_503_during_a_rotation(app, client, start, auth, caplog):
+    """The runbook's rolling restart: a restarted process seals a new subscription under the new key,
+    and one not yet restarted (`app`, started with the old key alone) cannot open it. Its test trigger
+    answers 503 to retry (another process, or this one restarted, can), logs the key id, and queues
+    nothing; it was a 500."""
+    subscription = start([NEW, OLD]).test_client().post(
+        WEBHOOKS, json={"url": "https://hooks.partner.example/x"}, headers=auth).get_json()
+    sealing.use(sealing.keyring_of([OLD]))  # back in the process not restarted (one keyring per process)
+    assert_unavailable(ping_as(client, auth, subscription))
+    with db.connection_context():
+        assert Event.select().count() == 0
+    assert [r.levelname for r in caplog.records if f"key id {key_id(NEW)}" in r.getMessage()] == ["ERROR"]
+    assert subscription["secret"] not in caplog.text
 
 
 def test_no_secret_is_stored_in_plaintext(app, auth, database_url):
