@@ -3,20 +3,15 @@ does to the outbox (partner/outbox.py claims and records)."""
 
 import hmac
 import json
-import logging
 import uuid
 
 from peewee import Tuple
 
 from models import SQL_CONDITIONS, Delivery, Event, Failure, Subscription
 from partner.database import page_of, run_sql, write_transaction
-from partner.edge.problems import RETRY_AFTER_SECONDS
 from partner.errors import ApiError
-from partner.sealing import SealingError
 from partner.subscriptions import find_subscription
 from partner.timestamps import iso
-
-log = logging.getLogger(__name__)
 
 TEST_PING = "vc.test.ping"
 
@@ -31,29 +26,15 @@ def trigger_test_ping(org_id: str, subscription_id: str, secret: str, key_id: st
     """The partner's test trigger: 404 unless the organization has the subscription, 403 unless
     `secret` is its secret, 409 once it is disabled, else a vc.test.ping queued. One transaction,
     holding the subscription, so a delete or an auto-disable cannot commit between the check and the
-    enqueue. 503 (nothing queued) while this process cannot open the subscription's secret."""
+    enqueue. A secret this process cannot open raises SealingError (503: edge/problems.py)."""
     with write_transaction():
         subscription = find_subscription(org_id, subscription_id, lock=True)
-        if not hmac.compare_digest(secret.encode(), _secret_of(subscription).encode()):
+        if not hmac.compare_digest(secret.encode(), subscription.secret.encode()):
             raise ApiError(403, "secret_mismatch", "The secret does not match this subscription's.")
         if not subscription.active:
             raise ApiError(409, "subscription_disabled",
                            "The subscription was auto-disabled after repeated failures.")
         return enqueue_test_ping(subscription, key_id, now_ms)
-
-
-def _secret_of(subscription: Subscription) -> str:
-    """The subscription's secret, or 503 to retry when it is sealed under a key this process lacks:
-    another process sealed it, as while keys are rotated one restart at a time (docs/data.md). A
-    process that has the key, or this one restarted with it, can check it; the log names the key id."""
-    try:
-        return subscription.secret
-    except SealingError as error:
-        log.error("test ping for %s not queued: %s", subscription.id, error)
-        raise ApiError(503, "service_unavailable",
-                       "This server cannot read the subscription's secret right now (its encryption keys are "
-                       "being changed); nothing was queued. Retry later.",
-                       headers={"Retry-After": str(RETRY_AFTER_SECONDS)}) from None
 
 
 def enqueue_test_ping(subscription: Subscription, key_id: str, now_ms: int) -> Event:

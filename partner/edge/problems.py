@@ -1,4 +1,5 @@
-"""Every error rendered as RFC 9457 problem+json: the handlers, and the 503 of a database outage."""
+"""Every error rendered as RFC 9457 problem+json: the handlers, and the 503s of a database outage and
+of a secret this process cannot open."""
 
 import logging
 from http import HTTPStatus
@@ -8,6 +9,7 @@ from werkzeug.exceptions import HTTPException
 
 from partner.availability import database_failed, is_unavailable
 from partner.errors import ApiError
+from partner.sealing import SealingError
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +47,7 @@ def problem(status: int, code: str, detail: str, errors: list[dict] | None = Non
 def register_error_handlers(app: Flask) -> None:
     app.register_error_handler(ApiError, _api_error)
     app.register_error_handler(HTTPException, _http_error)
+    app.register_error_handler(SealingError, _secret_unreadable)
     app.register_error_handler(Exception, _unexpected_error)
 
 
@@ -69,12 +72,25 @@ def _unexpected_error(error: Exception) -> Response:
     return problem(500, "internal_error", "An unexpected error occurred.")
 
 
+def _secret_unreadable(error: SealingError) -> Response:
+    """503: a webhook secret this process cannot open, sealed under a key it lacks: another process's,
+    while keys are rotated one restart at a time (docs/data.md). Another process, or this one
+    restarted with the key, can; the request changed nothing. The log names the key id."""
+    log.error("request not served: %s", error)
+    return _retry_later(problem(503, "service_unavailable",
+                                "This server cannot read the subscription's secret right now (its encryption keys "
+                                "are being changed); nothing was changed. Retry later."))
+
+
 def _storage_unavailable(error: Exception) -> Response:
     """503: the database cannot answer or write now, or rolled this request's transaction back to end
     a deadlock with another. Either way nothing changed, and the request may be made again."""
     database_failed(error)
-    response = problem(503, "service_unavailable",
-                       "The service's database could not complete the request right now; nothing was changed. "
-                       "Retry later.")
+    return _retry_later(problem(503, "service_unavailable",
+                                "The service's database could not complete the request right now; nothing was "
+                                "changed. Retry later."))
+
+
+def _retry_later(response: Response) -> Response:
     response.headers["Retry-After"] = str(RETRY_AFTER_SECONDS)
     return response
