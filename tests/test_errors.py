@@ -43,6 +43,14 @@ def test_unexpected_exception_is_a_bare_500(app, caplog):
     assert "Traceback" not in response.get_data(as_text=True)
 
 
+@pytest.mark.parametrize("data", [b'{"url": "http://10.0.0.1/", "url": "http://93.184.215.14/"}',
+                                  b'{"url": "http://93.184.215.14/", "description": "a", "description": "b"}'])
+def test_a_name_given_twice_is_invalid_json(client, auth, data):
+    """I-JSON (RFC 7493): parsers differ on which of two values counts, as they do on an odd URL."""
+    assert_problem(client.post(WEBHOOKS, data=data, headers=auth), 400, "invalid_json")
+    assert client.get(WEBHOOKS, headers=auth).get_json()["data"] == []
+
+
 @pytest.mark.parametrize("data", [b'{"url": "http://93.184.215.14/", "description": "\\ud800"}',
                                   b'{"url": "http://93.184.215.14/", "\\udfff": 1}'])
 def test_a_lone_surrogate_is_invalid_json(client, auth, data):
