@@ -8,7 +8,7 @@ from peewee import (SQL, BigIntegerField, BlobField, BooleanField, DatabaseProxy
                     IntegerField, Model, ModelIndex, PostgresqlDatabase, TextField)
 from playhouse.db_url import connect
 
-from partner import migrations, sealing, writers
+from partner import migrations, sealing
 from partner.operator.logs import QUERY_LOG_FILTER
 
 # WAL lets readers run beside the one writer; the busy timeout makes writers queue, not fail.
@@ -59,10 +59,7 @@ def open_database(url: str, migrate: bool = True, sqlite_version: tuple[int, ...
         require_version("PostgreSQL", version, POSTGRESQL_FLOOR)
     db.initialize(database)
     if migrate:
-        # One process at a time: the first to open a new SQLite file switches it to WAL, which fails
-        # at once ("database is locked") while another process is doing the same.
-        with writers.turn(database.database if scheme.startswith("sqlite") else None):
-            migrations.upgrade(database)
+        migrations.upgrade(database)
     return database
 
 

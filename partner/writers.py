@@ -6,11 +6,11 @@ their delivery threads spent about half of their writing time asleep there (benc
 py-spy). Waiting on a POSIX lock instead, a process takes the turn within a millisecond of the
 one before its own ending, and turns alternate between busy processes (_take). Start-up takes a
 turn too, so that one process at a time opens a new file (switching it to WAL) and applies
-migrations while the others wait.
+migrations while the others wait, for as long as that takes (partner.migrations.upgrade).
 
 POSIX locks belong to a process: a forked worker never shares its parent's, and the threads of one
 process must take turns among themselves first (database._writer_turn holds its lock around
-turn(); models.open_database takes its turn before the process starts a thread). Anything else
+turn(); migrations.upgrade takes its turn before the process starts a thread). Anything else
 writing to the file (the sqlite3 shell) still meets the busy handler.
 """
 
@@ -24,7 +24,8 @@ from contextlib import contextmanager
 from peewee import OperationalError
 
 TURN, QUEUE = 0, 1  # the bytes of the lock file that are locked
-# How long a process waits for its turn, as long as SQLite's busy_timeout (models.SQLITE_PRAGMAS).
+# How long a write waits for its turn, as long as SQLite's busy_timeout (models.SQLITE_PRAGMAS);
+# start-up waits for another process's migrations as long as they take (migrations.upgrade).
 # While it waits it tries again every SHORT_PAUSE for SHORT_WAIT, as long as the service's own
 # writes take, so that it starts within about that pause of the turn before ending; then every
 # LONG_PAUSE, so that a long wait (behind a backup, or migrations at start-up) costs little CPU
@@ -33,16 +34,20 @@ WAIT_SECONDS, SHORT_WAIT = 5.0, 0.01
 SHORT_PAUSE, LONG_PAUSE = 0.0001, 0.001
 _depth = threading.local()  # how many turns this thread is inside (they nest)
 _open: tuple[int, str, int] | None = None  # (pid, database file, its lock file's descriptor)
+# Threads may take their first turns at once (tests run migrations.upgrade on several): they open
+# the lock file one at a time.
+_opening = threading.Lock()
 
 
 @contextmanager
-def turn(path: str | None):
+def turn(path: str | None, wait: float = WAIT_SECONDS):
     """Hold this process's turn to write to the SQLite file at `path` (nothing to take for an
-    in-memory database). Re-entrant: only the outermost turn of a thread takes and gives back."""
+    in-memory database), waiting for it at most `wait` seconds (math.inf: as long as it takes).
+    Re-entrant: only the outermost turn of a thread takes and gives back."""
     depth = getattr(_depth, "value", 0)
     descriptor = _descriptor(path) if depth == 0 else None
     if descriptor is not None:
-        _take(descriptor)
+        _take(descriptor, wait)
     _depth.value = depth + 1
     try:
         yield
@@ -52,24 +57,28 @@ def turn(path: str | None):
             fcntl.lockf(descriptor, fcntl.LOCK_UN, 1, TURN)
 
 
-def _take(descriptor: int) -> None:
+def _take(descriptor: int, wait: float) -> None:
     """Take the turn (byte TURN) through the queue (byte QUEUE), then leave the queue. A process
     whose turn just ended cannot take the next one at once: it must queue first, behind whoever
     waits for the turn holding the queue. A lock released is not handed to the longest waiter
     (the process that released it, still running, usually wins): without the queue, a busy
     process kept the database and another waited without end. Bounded, as SQLite's busy handler
-    is: after WAIT_SECONDS the write fails as "database is locked" (a 503, or the scanner's backoff)."""
-    deadline = time.monotonic() + WAIT_SECONDS
-    _lock(descriptor, QUEUE, deadline)
+    is: after `wait` seconds the write fails as "database is locked" (a 503, or the scanner's backoff)."""
+    deadline = time.monotonic() + wait
     try:
-        _lock(descriptor, TURN, deadline)
-    finally:
-        fcntl.lockf(descriptor, fcntl.LOCK_UN, 1, QUEUE)
+        _lock(descriptor, QUEUE, deadline)
+        try:
+            _lock(descriptor, TURN, deadline)
+        finally:
+            fcntl.lockf(descriptor, fcntl.LOCK_UN, 1, QUEUE)
+    except TimeoutError:
+        raise OperationalError(f"database is locked: another process held its turn to write for over "
+                               f"{wait:g} s") from None
 
 
 def _lock(descriptor: int, byte: int, deadline: float) -> None:
     """Lock `byte`, trying again after short pauses, then long ones: a blocking lock cannot be
-    given up after a while."""
+    given up after a while. TimeoutError at `deadline`."""
     short_until = time.monotonic() + SHORT_WAIT
     while True:
         try:
@@ -81,8 +90,7 @@ def _lock(descriptor: int, byte: int, deadline: float) -> None:
         now = time.monotonic()
         pause = SHORT_PAUSE if now < short_until else LONG_PAUSE
         if now + pause > deadline:
-            raise OperationalError(f"database is locked: another process held its turn to write for over "
-                                   f"{WAIT_SECONDS:g} s")
+            raise TimeoutError
         time.sleep(pause)
 
 
@@ -91,11 +99,12 @@ def _descriptor(path: str | None) -> int | None:
         return None
     global _open
     pid, path = os.getpid(), os.path.abspath(path)
-    if _open is None or _open[:2] != (pid, path):
-        if _open is not None and _open[0] == pid:
-            os.close(_open[2])  # one database per process (models.open_database): the previous one's
-        try:
-            _open = (pid, path, os.open(path + ".writer", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))
-        except OSError as error:
-            raise OperationalError(f"unable to open the database's writer lock: {error}") from error
-    return _open[2]
+    with _opening:
+        if _open is None or _open[:2] != (pid, path):
+            if _open is not None and _open[0] == pid:
+                os.close(_open[2])  # one database per process (models.open_database): the previous one's
+            try:
+                _open = (pid, path, os.open(path + ".writer", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))
+            except OSError as error:
+                raise OperationalError(f"unable to open the database's writer lock: {error}") from error
+        return _open[2]

@@ -7,6 +7,7 @@ import sys
 import time
 
 from models import db, open_database
+from partner import writers
 from partner.database import run_sql, select_rows, write_transaction
 from tests.test_group_commit import SAVE
 
@@ -19,9 +20,9 @@ time.sleep(float(sys.argv[2]))
 """
 
 
-def waited_behind_another_process(path: str, act) -> float:
-    """Seconds that `act()` took while another process held its turn to write to `path` for 0.6 s."""
-    holder = subprocess.Popen([sys.executable, "-c", HOLD_THE_WRITER_LOCK, path, "0.6"],
+def waited_behind_another_process(path: str, act, seconds: float = 0.6) -> float:
+    """Seconds that `act()` took while another process held its turn to write to `path` for `seconds`."""
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_THE_WRITER_LOCK, path, str(seconds)],
                               stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
@@ -29,7 +30,7 @@ def waited_behind_another_process(path: str, act) -> float:
         act()
         return time.monotonic() - started
     finally:
-        holder.wait(timeout=10)
+        holder.wait(timeout=seconds + 10)
 
 
 def test_a_writer_waits_its_turn_behind_another_process_holding_the_writer_lock(database):
@@ -78,3 +79,12 @@ def test_start_up_waits_its_turn_to_open_and_migrate_a_new_database(tmp_path):
     with database.connection_context():
         assert database.execute_sql("PRAGMA journal_mode").fetchone()[0] == "wal"
     database.close()
+
+
+def test_start_up_waits_for_another_process_migrating_for_longer_than_a_write_may_wait(tmp_path):
+    """Migrations and the scrub after them take as long as the file is large. A second gunicorn
+    worker that gave up after WAIT_SECONDS failed to boot, and gunicorn stopped the one migrating."""
+    path = str(tmp_path / "partner.sqlite3")
+    migrating = writers.WAIT_SECONDS + 1
+    waited = waited_behind_another_process(path, lambda: open_database(f"sqlite:///{path}").close(), migrating)
+    assert waited >= migrating - 0.3

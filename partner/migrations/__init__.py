@@ -11,12 +11,15 @@ to peewee only the locking: one process migrates at a time, the others wait and 
 
 import itertools
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from peewee import OperationalError, PostgresqlDatabase
 from playhouse.migrations import Runner
+
+from partner import writers
 
 DIRECTORY = Path(__file__).parent
 SCHEMA_PATH = DIRECTORY.parent.parent / "schema.sql"
@@ -80,8 +83,15 @@ def status(database) -> SchemaStatus:
 
 def upgrade(database) -> list[str]:
     """Apply pending migrations, one process at a time; the names applied (none when up to date:
-    then no DDL runs and no lock is taken). Raises SchemaTooNew, having written nothing."""
-    with database.connection_context():
+    then no DDL runs and no database lock is taken). Raises SchemaTooNew, having written nothing.
+
+    The others wait as long as that takes: on a large file the migrations and the scrub take
+    minutes, and a gunicorn worker that gave up would fail to boot, which stops every worker (the
+    migrating one too); PostgreSQL's advisory lock waits without a bound as well. On SQLite they
+    wait for the writers' turn before they connect: the first to open a new file switches it to
+    WAL, which fails at once ("database is locked") while another process is doing the same."""
+    sqlite_file = None if isinstance(database, PostgresqlDatabase) else database.database
+    with writers.turn(sqlite_file, wait=math.inf), database.connection_context():
         before = _check(status(database))
         if not before.pending:
             return []
