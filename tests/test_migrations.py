@@ -1,16 +1,20 @@
 """Schema versions (docs/data.md): every released database is recognised and brought forward with
 every row intact, a fresh database has the same shape as the oldest one migrated, one process
-migrates at a time, an up-to-date start runs no DDL, and a database newer than the code is refused."""
+migrates at a time, an up-to-date start runs no DDL, a scrub cut short is done later, and a database
+newer than the code is refused."""
 
 import base64
 import os
 import shutil
+import signal
 import urllib.parse
 import sqlite3
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+from peewee import OperationalError
 from playhouse.db_url import connect
 
 from app import create_app
@@ -19,7 +23,7 @@ from partner import migrations, sealing
 from partner.errors import StartRefused
 from tests import test_models, test_postgres
 from tests.fixtures.release_rows import RELEASES, ROWS, SECRETS, schema_sql
-from tests.gunicorn_server import FLASK, run_flask
+from tests.gunicorn_server import FLASK, ROOT, run_flask
 from tests.support import free_port, run_together
 
 pytestmark = pytest.mark.both_databases
@@ -210,14 +214,26 @@ def test_new_key_needs_neither_encryption_keys_nor_a_database(database_url, tmp_
 
 def assert_no_plaintext_secret(database_url: str) -> None:
     """No webhook secret's bytes in the SQLite file or its -wal (freed pages included); on
-    PostgreSQL, none in a pg_dump of the schema."""
+    PostgreSQL, none in the subscription table's file (old row versions and a dropped column's
+    values included) or in a pg_dump of the schema."""
     if database_url.startswith("sqlite"):
         path = database_url.removeprefix("sqlite:///")
         stored = b"".join(open(p, "rb").read() for p in (path, path + "-wal") if os.path.exists(p))
     else:
-        stored = pg_dump(database_url)
+        stored = table_file(database_url, "subscription") + pg_dump(database_url)
     assert b"whsec_" not in stored
     assert not any(secret.encode() in stored for secret in SECRETS.values())
+
+
+def table_file(database_url: str, table: str) -> bytes:
+    """A PostgreSQL table's data file as the disk holds it, after a checkpoint has written it out
+    (the suite's server runs on this machine, and the tests connect as its superuser)."""
+    database = raw(database_url)
+    with database.connection_context():
+        database.execute_sql("CHECKPOINT")
+        [(directory,)] = database.execute_sql("SHOW data_directory").fetchall()
+        [(path,)] = database.execute_sql("SELECT pg_relation_filepath(%s)", (table,)).fetchall()
+    return (Path(directory) / path).read_bytes()
 
 
 def pg_dump(database_url: str) -> bytes:
@@ -228,3 +244,69 @@ def pg_dump(database_url: str) -> bytes:
         pytest.skip("pg_dump is not installed")
     return subprocess.run(["pg_dump", "--schema", schema, base.replace("postgresql://", "postgresql://", 1)],
                           capture_output=True, check=True, timeout=60).stdout
+
+
+# A service starting on the database, killed as its scrub begins: peewee logs each statement just
+# before running it, so this is right after the migrations' COMMIT.
+KILLED_AT_THE_SCRUB = """
+import logging, os, signal, sys
+from app import create_app
+
+class KillAtTheScrub(logging.Handler):
+    def emit(self, record):
+        if record.getMessage().startswith("VACUUM"):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+logging.getLogger("peewee").setLevel(logging.DEBUG)
+logging.getLogger("peewee").addHandler(KillAtTheScrub())
+create_app({"DATABASE_URL": sys.argv[1], "SCHEDULER_ENABLED": False})
+"""
+
+
+def upgraded_until_the_scrub(database_url: str) -> None:
+    """Release 1.1's database, migrated by a service that was killed before its scrub ran. Nothing
+    else opens the file meanwhile: the last connection to close would checkpoint it, which moves
+    its bytes but is no scrub."""
+    build_release(database_url, "1.1")
+    started = subprocess.run([sys.executable, "-c", KILLED_AT_THE_SCRUB, database_url], cwd=ROOT,
+                             capture_output=True, text=True, timeout=60)
+    assert started.returncode == -signal.SIGKILL, started.stderr
+
+
+def test_a_scrub_cut_short_is_done_at_the_next_start(database_url):
+    """A kill, a crash or a full disk during the scrub left the secrets' old bytes on disk for
+    good: the migrations were committed, so the next start found nothing pending."""
+    upgraded_until_the_scrub(database_url)
+    open_database(database_url)
+    assert_no_plaintext_secret(database_url)
+
+
+def test_a_scrub_owed_is_pending_for_db_status_and_done_by_db_upgrade(database_url):
+    upgraded_until_the_scrub(database_url)
+    pending = flask_on(database_url, "db", "status")
+    assert pending.returncode == 1
+    assert pending.stdout.splitlines() == [f"database schema version {LATEST}, code's latest {LATEST}",
+                                           "pending: the scrub after 0002_seal_webhook_secrets"]
+    assert flask_on(database_url, "db", "upgrade").returncode == 0
+    assert_no_plaintext_secret(database_url)
+    assert flask_on(database_url, "db", "status").returncode == 0
+
+
+def test_a_scrub_that_a_reader_kept_from_emptying_the_wal_stays_owed(tmp_path):
+    """A reader elsewhere (a backup, a service still running) keeps the TRUNCATE checkpoint from
+    emptying the -wal, which still holds what the migrations wrote: the scrub is not done."""
+    path = str(tmp_path / "partner.sqlite3")
+    url = f"sqlite:///{path}"
+    build_release(url, "1.1")
+    reader = sqlite3.connect(path, isolation_level=None)
+    reader.execute("PRAGMA journal_mode = wal")
+    reader.execute("BEGIN")
+    reader.execute("SELECT count(*) FROM subscription").fetchall()
+    with pytest.raises(OperationalError, match="kept the scrub from emptying the -wal"):
+        open_database(url)
+    reader.close()
+    database = raw(url)
+    with database.connection_context():
+        assert migrations.status(database).scrub_owed == ["0002_seal_webhook_secrets"]
+    open_database(url)
+    assert_no_plaintext_secret(url)

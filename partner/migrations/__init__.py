@@ -6,13 +6,15 @@ history table records each applied migration; a database's version is the number
 A database with no history is either empty (it gets schema.sql, the whole current schema in one
 step, and every migration is recorded as applied) or was made by release 1.0 or 1.1 before
 versions existed (every migration runs, starting with 0001_baseline). What is written here adds
-to peewee only the locking: one process migrates at a time, the others wait and find nothing left.
+to peewee only the locking (one process migrates at a time, the others wait and find nothing left)
+and the scrub after a migration that removes secrets, owed until it is done.
 """
 
 import itertools
 import logging
 import math
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,6 +34,10 @@ MIGRATION_LOCK_ID = 0x7061727472
 # service's transaction always gives way first: the service's transaction is never the one cancelled.
 LOCK_TIMEOUT = "200ms"
 LOCK_RETRIES = 50
+# The `setting` that says a scrub is owed, valued with the migrations that owe it: written in their
+# transaction, deleted only once the scrub is done. One cut short (a full disk, a crash, a kill)
+# runs again at the next start or `flask db upgrade`: their COMMIT leaves nothing else pending.
+SCRUB_OWED = "scrub_owed"
 
 log = logging.getLogger(__name__)
 
@@ -47,10 +53,15 @@ class SchemaStatus:
     pending: list[str] = field(default_factory=list)
     unknown: list[str] = field(default_factory=list)  # applied, but not in this code: a newer release
     empty: bool = False
+    scrub_owed: list[str] = field(default_factory=list)  # applied, but their scrub is not done
 
     @property
     def is_newer(self) -> bool:
         return bool(self.unknown)
+
+    @property
+    def is_up_to_date(self) -> bool:
+        return not self.pending and not self.scrub_owed
 
     def refusal(self) -> str:
         return (f"the database's schema is version {self.version}, newer than this code's "
@@ -76,14 +87,16 @@ def status(database) -> SchemaStatus:
     known = names()
     applied = set(runner(database).applied())
     unknown = sorted(applied - set(known), key=number)
+    empty = not applied and not database.table_exists(BASELINE_TABLE)
     return SchemaStatus(version=max(map(number, applied), default=0), latest=number(known[-1]),
                         pending=[name for name in known if name not in applied], unknown=unknown,
-                        empty=not applied and not database.table_exists(BASELINE_TABLE))
+                        empty=empty, scrub_owed=[] if empty else _scrub_owed(database))
 
 
 def upgrade(database) -> list[str]:
-    """Apply pending migrations, one process at a time; the names applied (none when up to date:
-    then no DDL runs and no database lock is taken). Raises SchemaTooNew, having written nothing.
+    """Apply pending migrations, then any scrub owed, one process at a time; the names applied (none
+    when up to date: then no DDL runs and no database lock is taken). Raises SchemaTooNew, having
+    written nothing.
 
     The others wait as long as that takes: on a large file the migrations and the scrub take
     minutes, and a gunicorn worker that gave up would fail to boot, which stops every worker (the
@@ -93,26 +106,39 @@ def upgrade(database) -> list[str]:
     sqlite_file = None if isinstance(database, PostgresqlDatabase) else database.database
     with writers.turn(sqlite_file, wait=math.inf), database.connection_context():
         before = _check(status(database))
-        if not before.pending:
+        if before.is_up_to_date:
             return []
-        locked = _on_postgresql if isinstance(database, PostgresqlDatabase) else _on_sqlite
-        applied = locked(database, lambda: _apply(database))
-        if not before.empty and any(getattr(migration.load(), "SCRUB", False)
-               for migration in runner(database).migrations() if migration.name in applied):
-            scrub(database)
+        with _migration_lock(database):
+            locked = _on_postgresql if isinstance(database, PostgresqlDatabase) else _on_sqlite
+            applied = locked(database, lambda: _apply(database)) if before.pending else []
+            if _scrub_owed(database):
+                scrub(database)
         return applied
 
 
 def scrub(database) -> None:
     """Rewrite the database so that nothing a migration removed stays readable in freed pages: a
     removed row's bytes stay in the file (and SQLite's -wal) until overwritten. SQLite: VACUUM
-    rebuilds the file, a TRUNCATE checkpoint empties the -wal. PostgreSQL: VACUUM FULL rewrites
-    the tables (a dropped column's values stay in the old row versions otherwise)."""
+    rebuilds the file, a TRUNCATE checkpoint empties the -wal (which a reader in another process
+    prevents: then it raises). PostgreSQL: VACUUM FULL rewrites the tables (a dropped column's
+    values stay in the old row versions otherwise). Only then is the scrub no longer owed. Outside
+    any transaction: VACUUM cannot run in one."""
     if isinstance(database, PostgresqlDatabase):
         database.execute_sql("VACUUM FULL subscription")
-        return
-    database.execute_sql("VACUUM")
-    database.execute_sql("PRAGMA wal_checkpoint(TRUNCATE)")
+    else:
+        database.execute_sql("VACUUM")
+        busy, _, _ = database.execute_sql("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+        if busy:
+            raise OperationalError("database is locked: a reader in another process kept the scrub "
+                                   "from emptying the -wal")
+    database.execute_sql(f"DELETE FROM setting WHERE name = {database.param}", (SCRUB_OWED,))
+
+
+def _scrub_owed(database) -> list[str]:
+    """The migrations whose scrub is owed (SCRUB_OWED)."""
+    owed = database.execute_sql(f"SELECT value FROM setting WHERE name = {database.param}",
+                                (SCRUB_OWED,)).fetchone()
+    return owed[0].split() if owed else []
 
 
 def _check(current: SchemaStatus) -> SchemaStatus:
@@ -122,11 +148,23 @@ def _check(current: SchemaStatus) -> SchemaStatus:
 
 
 def _apply(database) -> list[str]:
-    """Inside the lock: another process may have migrated while this one waited for it."""
+    """Inside the lock: another process may have migrated while this one waited for it. Migrations
+    that remove secrets (SCRUB) owe a scrub, recorded in their transaction; a new database, made
+    from schema.sql, had none to remove."""
     current = _check(status(database))
     if not current.pending:
         return []
-    return _create(database) if current.empty else runner(database).up()
+    if current.empty:
+        return _create(database)
+    applied = runner(database).up()
+    owing = [migration.name for migration in runner(database).migrations()
+             if migration.name in applied and getattr(migration.load(), "SCRUB", False)]
+    if owing:
+        p = database.param
+        database.execute_sql(f"INSERT INTO setting (name, value) VALUES ({p}, {p}) "
+                             "ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+                             (SCRUB_OWED, " ".join(current.scrub_owed + owing)))
+    return applied
 
 
 def _on_sqlite(database, apply) -> list[str]:
@@ -146,19 +184,29 @@ def _on_sqlite(database, apply) -> list[str]:
 
 
 def _on_postgresql(database, apply) -> list[str]:
-    """`apply` under the advisory lock, in a transaction whose table locks give way (and retry)
-    rather than deadlock with a running service."""
+    """`apply` in a transaction whose table locks give way (and retry) rather than deadlock with a
+    running service."""
+    for attempt in itertools.count(1):
+        try:
+            with database.atomic():
+                database.execute_sql(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
+                return apply()
+        except OperationalError as error:
+            if "lock timeout" not in str(error) or attempt == LOCK_RETRIES:
+                raise
+            time.sleep(min(0.02 * attempt, 0.5))
+
+
+@contextmanager
+def _migration_lock(database):
+    """PostgreSQL: the advisory lock, held while this process migrates and scrubs. (On SQLite,
+    upgrade holds the writers' turn.)"""
+    if not isinstance(database, PostgresqlDatabase):
+        yield
+        return
     database.execute_sql("SELECT pg_advisory_lock(%s)", (MIGRATION_LOCK_ID,))
     try:
-        for attempt in itertools.count(1):
-            try:
-                with database.atomic():
-                    database.execute_sql(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
-                    return apply()
-            except OperationalError as error:
-                if "lock timeout" not in str(error) or attempt == LOCK_RETRIES:
-                    raise
-                time.sleep(min(0.02 * attempt, 0.5))
+        yield
     finally:
         database.execute_sql("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK_ID,))
 

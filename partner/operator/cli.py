@@ -199,9 +199,11 @@ def db_status(ctx: click.Context) -> None:
     click.echo(f"database schema version {current.version}, code's latest {current.latest}")
     for name in current.pending:
         click.echo(f"pending: {name}")
+    for name in current.scrub_owed:
+        click.echo(f"pending: the scrub after {name}")
     for name in current.unknown:
         click.echo(f"applied by a newer release: {name}")
-    ctx.exit(2 if current.is_newer else 1 if current.pending else 0)
+    ctx.exit(2 if current.is_newer else 0 if current.is_up_to_date else 1)
 
 
 @db_cli.command("upgrade")
