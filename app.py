@@ -31,7 +31,7 @@ from partner.edge.response_headers import install_response_headers
 from partner.edge.validation import Field, read_json_object, validate
 from partner.keys import IDENTITY_READ, WEBHOOKS_MANAGE
 from partner.migrations import SchemaTooNew
-from partner.operator.cli import AS_IT_IS, COMMANDS, NEEDS_NOTHING, runs_a_command
+from partner.operator.cli import AS_IT_IS, COMMANDS, NEEDS_NOTHING, REPLACES_THE_FILE, runs_a_command
 from partner.operator.logs import database_name
 from partner.outbound.dns import Lookups
 from partner.events import TEST_PING, failures_page, trigger_test_ping
@@ -94,6 +94,7 @@ def _open_storage(app: Flask) -> None:
     _load_keys(app)
     url = app.config["DATABASE_URL"]
     if runs_a_command(AS_IT_IS):  # it reads or changes the database as it is, and serves nothing
+        _refuse_a_missing_file(url)
         app.extensions["database"] = _open_database(url, migrate=False)
         return
     if url.startswith("sqlite"):  # `flask db restore` refuses while held
@@ -103,6 +104,14 @@ def _open_storage(app: Flask) -> None:
     with db.connection_context():
         _refuse_unknown_keys(app)
         app.extensions["cursor_key"] = cursor_key()
+
+
+def _refuse_a_missing_file(url: str) -> None:
+    # Opening it would make an empty database, which a mistyped path would then back up or report
+    # on as if it were the real one.
+    if url.startswith("sqlite") and not runs_a_command(REPLACES_THE_FILE) and not os.path.exists(sqlite_path(url)):
+        _refuse(FileNotFoundError(sqlite_path(url)), "no database at %s: a service makes a new one at its "
+                "first start", sqlite_path(url))
 
 
 def _open_database(url: str, migrate: bool):

@@ -202,6 +202,14 @@ def test_db_status_changes_nothing_however_flask_is_launched(database_url, launc
         assert pending.returncode == 1 and "pending: 0001_baseline" in pending.stdout, pending.stderr
 
 
+@pytest.mark.parametrize("command", [("status",), ("upgrade",), ("backup", "copy.sqlite3")])
+def test_a_schema_command_on_no_database_says_so_and_makes_none(tmp_path, command):
+    path = tmp_path / "mistyped.sqlite3"
+    result = run_flask({**os.environ, "PARTNER_DATABASE_URL": f"sqlite:///{path}"}, "db", *command)
+    assert result.returncode == 1 and f"no database at {path}" in result.stderr, result.stderr
+    assert not path.exists()
+
+
 def test_new_key_needs_neither_encryption_keys_nor_a_database(database_url, tmp_path):
     key_file = tmp_path / "no" / "encryption.key"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FLASK_", "PARTNER_"))}

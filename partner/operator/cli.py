@@ -178,6 +178,8 @@ def db_prune(days: int | None) -> None:
 # new-key prints a key, needing neither keys nor a database.
 AS_IT_IS = {("db", "status"), ("db", "upgrade"), ("db", "backup"), ("db", "restore")}
 NEEDS_NOTHING = {("encryption", "new-key")}
+# Of those, the one that may find no database file: it puts one in place.
+REPLACES_THE_FILE = {("db", "restore")}
 
 
 def runs_a_command(commands: set[tuple[str, str]]) -> bool:
