@@ -219,10 +219,10 @@ def not_found(response) -> bool:
         "detail": "No such subscription.", "code": "not_found"}
 
 
-def test_delete_is_204_with_an_empty_body(client, auth):
+def test_delete_is_204_with_no_body_and_no_content_type(client, auth):
     subscription = create(client, auth).get_json()["id"]
     response = client.delete(f"{WEBHOOKS}/{subscription}", headers=auth)
-    assert (response.status_code, response.data) == (204, b"")
+    assert (response.status_code, response.data, response.headers.get("Content-Type")) == (204, b"", None)
 
 
 @pytest.mark.both_databases

@@ -13,4 +13,6 @@ def _add_headers(response: Response) -> Response:
     # Only the /docs assets choose their own caching (a day: they are files of a pinned package).
     if "Cache-Control" not in response.headers:
         response.headers["Cache-Control"] = "no-store"
+    if response.status_code == 204:  # no content, so no type (Flask gives every response text/html)
+        del response.headers["Content-Type"]
     return response
