@@ -4,13 +4,35 @@ import ctypes
 import glob
 import os
 import shutil
+import sys
 import tempfile
 
+from flask import Config
+
 from partner.config import is_port
+from partner.edge.ops_port import unserved_ops_port
+from partner.errors import APP_LOAD_ERROR
 from partner.operator.logs import ACCESS_FORMAT, GunicornLogger, logging_config
 
 wsgi_app = "wsgi:app"
-bind = f"127.0.0.1:{os.environ.get('PORT', '8000')}"
+
+
+def _ops_port() -> int | None:
+    """PARTNER_OPS_PORT as the app reads it (Flask's from_prefixed_env); a value that is not a port
+    is the app's to refuse, naming it."""
+    settings = Config(os.getcwd())
+    settings.from_prefixed_env("PARTNER")
+    port = settings.get("OPS_PORT")
+    return port if is_port(port) else None
+
+
+# The partner port, and PARTNER_OPS_PORT beside it (partner/edge/ops_port.py). Set here, so that a
+# reload (SIGHUP) reads the same list and keeps its sockets. A --bind on the command line replaces
+# the list and must name the ops port too: a worker refuses to start otherwise (post_worker_init).
+PARTNER_PORT, OPS_PORT = os.environ.get("PORT", "8000"), _ops_port()
+bind = [f"127.0.0.1:{PARTNER_PORT}"]
+if OPS_PORT and str(OPS_PORT) != PARTNER_PORT:  # the same port twice: the worker refuses it, naming it
+    bind.append(f"127.0.0.1:{OPS_PORT}")
 worker_class = "gthread"
 workers = 1
 threads = 8
@@ -34,22 +56,9 @@ if not os.environ.get(METRICS_DIR):
 
 
 def on_starting(server):
-    """Empty the metrics directory of a previous run's counts (once per start, not per reload), and
-    listen on PARTNER_OPS_PORT too (partner/edge/ops_port.py). Here, not in `bind`, so that the port
-    is added to whatever addresses the command line gives."""
+    """Empty the metrics directory of a previous run's counts (once per start, not per reload)."""
     for stale in glob.glob(os.path.join(os.environ[METRICS_DIR], "*.db")):
         os.remove(stale)
-    ops_port = os.environ.get("PARTNER_OPS_PORT", "")
-    if ops_port.isdecimal() and is_port(int(ops_port)):  # else the app's configuration check refuses it
-        server.cfg.set("bind", [*server.cfg.bind, f"{_host_of(server.cfg.bind)}:{int(ops_port)}"])
-
-
-def _host_of(addresses: list[str]) -> str:
-    """The host of the first TCP address (the ops port listens beside the partner port), else loopback."""
-    for address in addresses:
-        if not address.startswith(("unix:", "fd://")) and ":" in address:
-            return address.rsplit(":", 1)[0]
-    return "127.0.0.1"
 
 
 def on_exit(server):
@@ -72,7 +81,12 @@ def post_fork(server, worker):
 
 
 def post_worker_init(worker):
-    """Start this worker's delivery scanner (never in the master: workers could not reach it)."""
+    """Refuse an ops port this server does not serve; then start this worker's delivery scanner
+    (never in the master: workers could not reach it)."""
+    refusal = unserved_ops_port(worker.wsgi.config["OPS_PORT"], [listener.getsockname() for listener in worker.sockets])
+    if refusal:
+        worker.log.error("refusing to start: %s", refusal)
+        sys.exit(APP_LOAD_ERROR)
     worker.wsgi.extensions["delivery"].start()
 
 

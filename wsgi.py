@@ -3,10 +3,7 @@
 import sys
 
 from app import create_app
-from partner.errors import StartRefused
-
-# gunicorn's exit status for an app that cannot load: it stops instead of booting workers again.
-APP_LOAD_ERROR = 4
+from partner.errors import APP_LOAD_ERROR, StartRefused
 
 try:
     app = create_app()

@@ -38,6 +38,10 @@ class OperatorError(Exception):
     """A refusal the operator must read: the command exits 1 with this message."""
 
 
+# gunicorn's exit status for an app that cannot load: its master stops instead of booting workers again.
+APP_LOAD_ERROR = 4
+
+
 class StartRefused(Exception):
     """The service cannot start with this configuration or database; create_app has said why in one
     line of the log."""

@@ -140,12 +140,9 @@ def test_an_unknown_log_format_stops_start_up_naming_the_setting(server_env, tmp
 OPS_ENDPOINTS = ("/healthz", "/readyz", "/metrics", "/openapi.json", "/docs", "/docs/init.js")
 
 
-@pytest.mark.parametrize("options", ["", "--bind 127.0.0.1:{port}"])  # a bind given on the command line too
-def test_with_an_ops_port_the_operator_endpoints_answer_there_and_nowhere_else(start_gunicorn, server_env,
-                                                                               session, smoke_key, options):
-    ops_port = free_port()
-    server = start_gunicorn(PARTNER_OPS_PORT=str(ops_port), GUNICORN_CMD_ARGS=options.format(port=server_env["PORT"]))
-    ops, auth = f"http://127.0.0.1:{ops_port}", {"Authorization": f"Bearer {smoke_key}"}
+def assert_ops_port_serves(session, server: Gunicorn, ops_port: int, key: str) -> None:
+    """The operator's endpoints on the ops port only, the partner API on the partner port only."""
+    ops, auth = f"http://127.0.0.1:{ops_port}", {"Authorization": f"Bearer {key}"}
     for path in OPS_ENDPOINTS:
         assert session.get(ops + path, timeout=5).status_code == 200, path
         elsewhere = session.get(server.base_url + path, timeout=5)
@@ -155,8 +152,38 @@ def test_with_an_ops_port_the_operator_endpoints_answer_there_and_nowhere_else(s
     assert (on_the_ops_port.status_code, on_the_ops_port.json()["code"]) == (404, "not_found")
 
 
-def test_an_ops_port_that_is_not_a_port_stops_start_up_naming_the_setting(server_env, tmp_path):
-    server = Gunicorn({**server_env, "PARTNER_OPS_PORT": "70000"}, tmp_path)
+# A bind on the command line replaces gunicorn.conf.py's, so it names both ports.
+@pytest.mark.parametrize("options", ["", "--bind 127.0.0.1:{port} --bind 127.0.0.1:{ops_port}"])
+def test_with_an_ops_port_the_operator_endpoints_answer_there_and_nowhere_else(start_gunicorn, server_env,
+                                                                               session, smoke_key, options):
+    ops_port = free_port()
+    server = start_gunicorn(PARTNER_OPS_PORT=str(ops_port),
+                            GUNICORN_CMD_ARGS=options.format(port=server_env["PORT"], ops_port=ops_port))
+    assert_ops_port_serves(session, server, ops_port, smoke_key)
+
+
+def test_a_reload_keeps_the_ops_port(start_gunicorn, session, smoke_key):
+    """systemctl reload (deploy/systemd) sends SIGHUP: gunicorn reads its settings again, and a bind
+    list that changed would be bound anew while the old worker still holds it (the master died)."""
+    ops_port = free_port()
+    server = start_gunicorn(PARTNER_OPS_PORT=str(ops_port))
+    server.process.send_signal(signal.SIGHUP)
+    deadline = time.monotonic() + 10
+    while server.output()[1].count("Booting worker") < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert server.output()[1].count("Booting worker") == 2 and server.process.poll() is None, server.output()[1]
+    assert_ops_port_serves(session, server, ops_port, smoke_key)
+
+
+@pytest.mark.parametrize("value, refusal", [
+    ("70000", "PARTNER_OPS_PORT must be a TCP port number"),
+    ("{free}", "but the server does not listen on it"),  # a bind of one's own that leaves it out
+    ("{port}", "the only port the server listens on"),
+])
+def test_an_ops_port_that_cannot_be_served_stops_start_up_in_one_line(server_env, tmp_path, value, refusal):
+    env = {**server_env, "PARTNER_OPS_PORT": value.format(free=free_port(), port=server_env["PORT"]),
+           "GUNICORN_CMD_ARGS": f"--bind 127.0.0.1:{server_env['PORT']}"}
+    server = Gunicorn(env, tmp_path)
     assert server.process.wait(timeout=30) != 0
     stderr = server.output()[1]
-    assert "PARTNER_OPS_PORT must be a TCP port number" in stderr and "Traceback" not in stderr, stderr
+    assert refusal in stderr and "Traceback" not in stderr, stderr

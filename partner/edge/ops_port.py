@@ -1,11 +1,12 @@
 """PARTNER_OPS_PORT: the operator's endpoints on a port of their own.
 
-When it is set, gunicorn also listens on that port (gunicorn.conf.py) and each request is served by
-the port it arrived on: /healthz, /readyz, /metrics, /openapi.json and /docs only on the ops port,
-everything else only on the partner port; the other port answers 404 problem+json, as for a path
-that does not exist. So the partner port can face the internet while probes and scrapes stay on a
-port the network keeps private. The port is the listening socket's own, never one a client wrote:
-behind a unix socket gunicorn takes SERVER_PORT from the Host header.
+When it is set, gunicorn also listens on that port (gunicorn.conf.py; a worker refuses to start if
+it does not) and each request is served by the port it arrived on: /healthz, /readyz, /metrics,
+/openapi.json and /docs only on the ops port, everything else only on the partner port; the other
+port answers 404 problem+json, as for a path that does not exist. So the partner port can face the
+internet while probes and scrapes stay on a port the network keeps private. The port is the
+listening socket's own, never one a client wrote: behind a unix socket gunicorn takes SERVER_PORT
+from the Host header.
 """
 
 from functools import partial
@@ -33,6 +34,20 @@ def arrival_port(environ: dict) -> int | None:
         return int(environ.get("SERVER_PORT") or 0)
     address = connection.getsockname()
     return address[1] if isinstance(address, tuple) else None
+
+
+def unserved_ops_port(ops_port: int | None, addresses: list) -> str | None:
+    """Why a server listening at `addresses` (sockets' names) cannot serve PARTNER_OPS_PORT; None if
+    it can: it must listen on the ops port, and on a partner port beside it."""
+    if ops_port is None:
+        return None
+    ports = [address[1] for address in addresses if isinstance(address, tuple)]  # unix sockets: a path
+    if ops_port not in ports:
+        return (f"PARTNER_OPS_PORT is {ops_port}, but the server does not listen on it (a --bind of "
+                f"your own must name it too)")
+    if ports.count(ops_port) == len(addresses):
+        return f"PARTNER_OPS_PORT is {ops_port}, the only port the server listens on: the partner API needs its own"
+    return None
 
 
 def _keep_apart(ops_port: int) -> None:
