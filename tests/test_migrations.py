@@ -293,8 +293,9 @@ def test_a_scrub_owed_is_pending_for_db_status_and_done_by_db_upgrade(database_u
     upgraded_until_the_scrub(database_url)
     pending = flask_on(database_url, "db", "status")
     assert pending.returncode == 1
-    assert pending.stdout.splitlines() == [f"database schema version {LATEST}, code's latest {LATEST}",
-                                           "pending: the scrub after 0002_seal_webhook_secrets"]
+    assert pending.stdout.splitlines() == [
+        f"database schema version {LATEST}, code's latest {LATEST}",
+        "scrub owed after 0002_seal_webhook_secrets: `flask db upgrade` (or the next start) runs it"]
     assert flask_on(database_url, "db", "upgrade").returncode == 0
     assert_no_plaintext_secret(database_url)
     assert flask_on(database_url, "db", "status").returncode == 0

@@ -361,6 +361,34 @@ def test_a_deadlock_is_a_503_to_retry_not_an_outage(app, client, auth, subscribe
     assert client.delete(f"{support.WEBHOOKS}/{subscription['id']}", headers=auth).status_code == 204
 
 
+def test_an_operator_command_rolled_back_by_a_deadlock_says_so_in_one_line(app, client, auth, subscribe,
+                                                                             postgres_url):
+    """A replay holds the subscription and then writes its dead letters; a session of the test's own
+    holds a dead letter and then asks for the subscription: PostgreSQL rolls the replay back."""
+    subscription = subscribe(support.PUBLIC_URL)
+    event_id = support.ping_as(client, auth, subscription).get_json()["id"]
+    with db.connection_context():
+        Delivery.update(state=Delivery.DEAD, due_at=None).where(Delivery.event == event_id).execute()
+    holder, watcher = psycopg2.connect(postgres_url), psycopg2.connect(postgres_url)
+    watcher.autocommit = True
+    try:
+        held = holder.cursor()
+        held.execute("SET deadlock_timeout = '10s'")  # the command's session finds the cycle first
+        held.execute("UPDATE delivery SET attempts = attempts WHERE event_id = %s", (event_id,))
+        results, errors = [], []
+        replay = support.in_thread(lambda: results.append(app.test_cli_runner().invoke(
+            args=["deliveries", "replay", "--subscription", subscription["id"]])), errors)
+        assert support.eventually(lambda: sessions_waiting(1)(watcher))
+        held.execute("SELECT 1 FROM subscription WHERE id = %s FOR UPDATE", (subscription["id"],))
+        replay.join(10)
+    finally:
+        holder.close()
+        watcher.close()
+    assert errors == [] and results[0].exit_code == 1
+    assert "nothing was changed: run it again" in results[0].output, results[0].output
+    assert isinstance(results[0].exception, SystemExit)  # a ClickException's exit, not the database error
+
+
 def test_a_key_rotation_waits_for_a_held_row_and_says_so(database, postgres_url, caplog):
     """A subscription row held for long (an idle transaction elsewhere) is passed over, then waited
     for, with a line in the log each second; once it is let go, the rotation re-seals it and ends."""

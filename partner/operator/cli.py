@@ -10,6 +10,7 @@ from flask.cli import AppGroup
 
 from models import db
 from partner import backup, encryption, migrations, retention, sealing
+from partner.availability import describe, is_unavailable
 from partner.deliveries import STATES, list_deliveries, replay_dead_letters
 from partner.errors import OperatorError, ValidationError
 from partner.keys import MAX_RATE_LIMIT, IssuedKey, create_key, list_keys, revoke_key, rotate_key
@@ -109,13 +110,19 @@ def _run(operation, *args, **kwargs):
 
 
 def _unless_refused(operation, *args, **kwargs):
-    """Run a domain operation; its refusal exits 1 with the message."""
+    """Run a domain operation; its refusal exits 1 with the message, and so does a database that
+    could not complete it (down, full, or rolling it back to end a deadlock with the service)."""
     try:
         return operation(*args, **kwargs)
     except OperatorError as error:
         raise click.ClickException(str(error)) from None
     except ValidationError as error:
         raise click.ClickException(" ".join(e["message"] for e in error.errors)) from None
+    except Exception as error:  # noqa: BLE001 - sorted by is_unavailable, the rest re-raised
+        if not is_unavailable(error):
+            raise
+        raise click.ClickException(f"the database could not complete the command ({describe(error)}); "
+                                   f"nothing was changed: run it again") from None
 
 
 @webhooks_cli.command("list")
@@ -202,7 +209,7 @@ def db_status(ctx: click.Context) -> None:
     for name in current.pending:
         click.echo(f"pending: {name}")
     for name in current.scrub_owed:
-        click.echo(f"pending: the scrub after {name}")
+        click.echo(f"scrub owed after {name}: `flask db upgrade` (or the next start) runs it")
     for name in current.unknown:
         click.echo(f"applied by a newer release: {name}")
     ctx.exit(2 if current.is_newer else 0 if current.is_up_to_date else 1)
