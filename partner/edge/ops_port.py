@@ -43,8 +43,9 @@ def unserved_ops_port(ops_port: int | None, addresses: list) -> str | None:
         return None
     ports = [address[1] for address in addresses if isinstance(address, tuple)]  # unix sockets: a path
     if ops_port not in ports:
-        return (f"PARTNER_OPS_PORT is {ops_port}, but the server does not listen on it (a --bind of "
-                f"your own must name it too)")
+        return (f"PARTNER_OPS_PORT is {ops_port}, but the server does not listen on it: a --bind of your "
+                f"own (or a systemd socket unit) must name it too, and gunicorn's -e sets it too late "
+                f"(set it in gunicorn's environment)")
     if ports.count(ops_port) == len(addresses):
         return f"PARTNER_OPS_PORT is {ops_port}, the only port the server listens on: the partner API needs its own"
     return None

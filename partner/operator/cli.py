@@ -111,7 +111,8 @@ def _run(operation, *args, **kwargs):
 
 def _unless_refused(operation, *args, **kwargs):
     """Run a domain operation; its refusal exits 1 with the message, and so does a database that
-    could not complete it (down, full, or rolling it back to end a deadlock with the service)."""
+    could not complete it (down, full, or rolling it back to end a deadlock with the service: what
+    it had not committed did not change; a command that works in batches keeps those it finished)."""
     try:
         return operation(*args, **kwargs)
     except OperatorError as error:
@@ -121,8 +122,7 @@ def _unless_refused(operation, *args, **kwargs):
     except Exception as error:  # noqa: BLE001 - sorted by is_unavailable, the rest re-raised
         if not is_unavailable(error):
             raise
-        raise click.ClickException(f"the database could not complete the command ({describe(error)}); "
-                                   f"nothing was changed: run it again") from None
+        raise click.ClickException(f"the database could not complete the command: {describe(error)}") from None
 
 
 @webhooks_cli.command("list")
