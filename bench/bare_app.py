@@ -1,8 +1,8 @@
 """The yardstick of api_overhead: a bare Flask app with one JSON route and nothing else.
 
 Served by the repo's gunicorn.conf.py like the service (`gunicorn bench.bare_app:app`), so both
-have the same worker class, threads and access log. Its post_worker_init hook starts
-`extensions["delivery"]`, hence the stand-in that does nothing.
+have the same worker class, threads and access log. Its post_worker_init hook reads the `OPS_PORT`
+setting and starts `extensions["delivery"]`, hence no ops port and a stand-in that does nothing.
 """
 
 from flask import Flask
@@ -17,6 +17,7 @@ class _NoDelivery:
 
 
 app = Flask(__name__)
+app.config["OPS_PORT"] = None
 app.extensions["delivery"] = _NoDelivery()
 
 
