@@ -26,7 +26,7 @@ def trigger_test_ping(org_id: str, subscription_id: str, secret: str, key_id: st
     """The partner's test trigger: 404 unless the organization has the subscription, 403 unless
     `secret` is its secret, 409 once it is disabled, else a vc.test.ping queued. One transaction,
     holding the subscription, so a delete or an auto-disable cannot commit between the check and the
-    enqueue. A secret sealed under a key this process lacks raises KeyMissing (503: edge/problems.py)."""
+    enqueue. A secret this process cannot open raises SealingError (503: edge/problems.py)."""
     with write_transaction():
         subscription = find_subscription(org_id, subscription_id, lock=True)
         if not hmac.compare_digest(secret.encode(), subscription.secret.encode()):

@@ -24,11 +24,7 @@ NONCE_BYTES = 12  # AES-GCM's standard nonce, random per seal (2^-32 collision b
 
 
 class SealingError(Exception):
-    """A key setting that cannot be used, or a secret that does not open."""
-
-
-class KeyMissing(SealingError):
-    """A secret sealed under a key this process lacks: another process's, while keys change."""
+    """A key setting that cannot be used, or a secret sealed under a key this process lacks."""
 
 
 @dataclass(frozen=True)
@@ -48,7 +44,7 @@ class Keyring:
     def open(self, subscription_id: str, key_id: str, sealed: bytes) -> str:
         cipher = self.ciphers.get(key_id)
         if cipher is None:
-            raise KeyMissing(f"a webhook secret is sealed under key id {key_id}, which no configured key has")
+            raise SealingError(f"a webhook secret is sealed under key id {key_id}, which no configured key has")
         sealed = bytes(sealed)
         try:
             return cipher.decrypt(sealed[:NONCE_BYTES], sealed[NONCE_BYTES:], subscription_id.encode()).decode()

@@ -1,5 +1,5 @@
 """Every error rendered as RFC 9457 problem+json: the handlers, and the 503s of a database outage and
-of a secret sealed under a key this process lacks."""
+of a secret this process cannot open."""
 
 import logging
 from http import HTTPStatus
@@ -9,7 +9,7 @@ from werkzeug.exceptions import HTTPException
 
 from partner.availability import database_failed, is_unavailable
 from partner.errors import ApiError
-from partner.sealing import KeyMissing
+from partner.sealing import SealingError
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ def problem(status: int, code: str, detail: str, errors: list[dict] | None = Non
 def register_error_handlers(app: Flask) -> None:
     app.register_error_handler(ApiError, _api_error)
     app.register_error_handler(HTTPException, _http_error)
-    app.register_error_handler(KeyMissing, _key_missing)
+    app.register_error_handler(SealingError, _secret_unreadable)
     app.register_error_handler(Exception, _unexpected_error)
 
 
@@ -72,15 +72,16 @@ def _unexpected_error(error: Exception) -> Response:
     return problem(500, "internal_error", "An unexpected error occurred.")
 
 
-def _key_missing(error: KeyMissing) -> Response:
-    """503: a webhook secret sealed under a key this process lacks: another process's, while keys are
-    rotated one restart at a time (docs/data.md). Another process, or this one restarted with the
-    key, can open it; the request changed nothing. The log names the key id. (A secret that does not
-    open under a key this process has is damage, not a rotation: a 500.)"""
+def _secret_unreadable(error: SealingError) -> Response:
+    """503: a webhook secret this process cannot open. Usually it is sealed under a key this process
+    lacks: another process's, while keys are rotated one restart at a time (docs/data.md), and
+    another process, or this one restarted with the key, can open it. A secret damaged at rest opens
+    nowhere: then the log line (naming the key id) is the operator's to act on. Either way the
+    request changed nothing, and no input of the partner's caused it: not a 500."""
     log.error("request not served: %s", error)
     return _retry_later(problem(503, "service_unavailable",
-                                "This server cannot read the subscription's secret right now (its encryption keys "
-                                "are being changed); nothing was changed. Retry later."))
+                                "This server cannot open the subscription's stored secret right now (as while "
+                                "encryption keys are being changed); nothing was changed. Retry later."))
 
 
 def _storage_unavailable(error: Exception) -> Response:
