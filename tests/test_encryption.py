@@ -91,6 +91,17 @@ def test_a_ping_to_a_process_without_the_new_key_is_503_during_a_rotation(app, c
     assert subscription["secret"] not in caplog.text
 
 
+def test_a_ping_to_a_secret_damaged_at_rest_is_a_503_too_never_a_500(client, auth, caplog):
+    first, second = (client.post(WEBHOOKS, json={"url": "https://hooks.partner.example/"}, headers=auth)
+                     .get_json() for _ in range(2))
+    with db.connection_context():
+        moved = Subscription.get_by_id(first["id"]).secret_sealed
+        Subscription.update(secret_sealed=moved).where(Subscription.id == second["id"]).execute()
+    assert_unavailable(ping_as(client, auth, second))
+    assert [r.levelname for r in caplog.records if f"secret of {second['id']} does not open" in r.getMessage()] == [
+        "ERROR"]
+
+
 def test_no_secret_is_stored_in_plaintext(app, auth, database_url):
     client = app.test_client()
     for n in range(5):
