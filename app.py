@@ -31,7 +31,8 @@ from partner.edge.response_headers import install_response_headers
 from partner.edge.validation import Field, read_json_object, validate
 from partner.keys import IDENTITY_READ, WEBHOOKS_MANAGE
 from partner.migrations import SchemaTooNew
-from partner.operator.cli import AS_IT_IS, COMMANDS, NEEDS_NOTHING, REPLACES_THE_FILE, runs_a_command
+from partner.operator.cli import (AS_IT_IS, COMMANDS, NEEDS_NO_KEYS, NEEDS_NOTHING, REPLACES_THE_FILE, only_shows_help,
+                                  runs_a_command)
 from partner.operator.logs import database_name
 from partner.outbound.dns import Lookups
 from partner.events import TEST_PING, failures_page, trigger_test_ping
@@ -88,15 +89,17 @@ def create_app(overrides: dict | None = None) -> Flask:
 def _open_storage(app: Flask) -> None:
     """The keys and the database, as this process needs them: a service (or an operator's command)
     migrates the database and refuses what it cannot serve; a schema command takes the database as
-    it is; `flask encryption new-key` needs neither."""
-    if runs_a_command(NEEDS_NOTHING):
+    it is, with keys only if it may open a secret; `flask encryption new-key` and help need neither."""
+    if runs_a_command(NEEDS_NOTHING) or only_shows_help():
         return
-    _load_keys(app)
     url = app.config["DATABASE_URL"]
     if runs_a_command(AS_IT_IS):  # it reads or changes the database as it is, and serves nothing
         _refuse_a_missing_file(url)
+        if not runs_a_command(NEEDS_NO_KEYS):
+            _load_keys(app)
         app.extensions["database"] = _open_database(url, migrate=False)
         return
+    _load_keys(app)
     if url.startswith("sqlite"):  # `flask db restore` refuses while held
         hold_serving_lock(sqlite_path(url))
     app.extensions["database"] = _open_database(url, migrate=True)

@@ -210,6 +210,46 @@ def test_a_schema_command_on_no_database_says_so_and_makes_none(tmp_path, comman
     assert not path.exists()
 
 
+def made_nothing(database_url: str) -> bool:
+    """No SQLite file at the URL, or no table in its PostgreSQL schema."""
+    if database_url.startswith("sqlite"):
+        return not os.path.exists(database_url.removeprefix("sqlite:///"))
+    database = raw(database_url)
+    with database.connection_context():
+        return database.get_tables() == []
+
+
+def test_db_status_tells_an_empty_database_from_an_old_release(database_url):
+    if database_url.startswith("sqlite"):
+        sqlite3.connect(database_url.removeprefix("sqlite:///")).close()  # a file of 0 bytes
+    shown = flask_on(database_url, "db", "status")
+    assert shown.returncode == 1, shown.stderr
+    assert "empty database: the first start or `flask db upgrade` makes it from schema.sql" in shown.stdout
+    build_release(database_url, "1.1")
+    assert "empty database" not in flask_on(database_url, "db", "status").stdout
+
+
+@pytest.mark.parametrize("args", [(), ("--help",), ("db", "--help"), ("db", "status", "--help"),
+                                  ("keys", "create", "--help")])
+def test_help_opens_no_database(database_url, args):
+    shown = flask_on(database_url, *args)
+    assert "Usage: flask" in shown.stdout + shown.stderr
+    assert made_nothing(database_url)
+
+
+@pytest.mark.parametrize("command", [("status",), ("backup", "copy"), ("upgrade",)])
+def test_a_schema_command_that_needs_no_key_makes_no_key_file(tmp_path, command):
+    """Only `db upgrade` seals secrets (a release 1.1 database's), and so may need the key file made."""
+    path, key_file = tmp_path / "partner.sqlite3", tmp_path / "instance" / "encryption.key"
+    if command != ("upgrade",):  # upgrade: on no database at all, refused before any key is read
+        build_release(f"sqlite:///{path}", "1.1")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FLASK_", "PARTNER_"))}
+    command = tuple(str(tmp_path / "copy.sqlite3") if arg == "copy" else arg for arg in command)
+    run_flask({**env, "PARTNER_DATABASE_URL": f"sqlite:///{path}", "PARTNER_ENCRYPTION_KEY_FILE": str(key_file)},
+              "db", *command)
+    assert not key_file.parent.exists()
+
+
 def test_new_key_needs_neither_encryption_keys_nor_a_database(database_url, tmp_path):
     key_file = tmp_path / "no" / "encryption.key"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FLASK_", "PARTNER_"))}

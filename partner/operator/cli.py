@@ -185,6 +185,8 @@ def db_prune(days: int | None) -> None:
 # new-key prints a key, needing neither keys nor a database.
 AS_IT_IS = {("db", "status"), ("db", "upgrade"), ("db", "backup"), ("db", "restore")}
 NEEDS_NOTHING = {("encryption", "new-key")}
+# Of the schema commands, those that open no secret: they load no keys, so never make the key file.
+NEEDS_NO_KEYS = {("db", "status"), ("db", "backup")}
 # Of those, the one that may find no database file: it puts one in place.
 REPLACES_THE_FILE = {("db", "restore")}
 
@@ -199,6 +201,15 @@ def runs_a_command(commands: set[tuple[str, str]]) -> bool:
     return any(pair in commands for pair in zip(args, args[1:]))
 
 
+def only_shows_help() -> bool:
+    """Whether this process is `flask` showing help: `--help` anywhere, or no command at all. The
+    flask CLI builds the app to list its commands; that app must open nothing."""
+    if click.get_current_context(silent=True) is None:
+        return False
+    args = sys.argv[1:]
+    return "--help" in args or all(arg.startswith("-") for arg in args)
+
+
 @db_cli.command("status")
 @click.pass_context
 def db_status(ctx: click.Context) -> None:
@@ -206,6 +217,8 @@ def db_status(ctx: click.Context) -> None:
     with db.connection_context():
         current = migrations.status(db.obj)
     click.echo(f"database schema version {current.version}, code's latest {current.latest}")
+    if current.empty:  # not one made by release 1.0 or 1.1, which has the same version 0
+        click.echo("empty database: the first start or `flask db upgrade` makes it from schema.sql")
     for name in current.pending:
         click.echo(f"pending: {name}")
     for name in current.scrub_owed:
