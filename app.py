@@ -67,6 +67,7 @@ def create_app(overrides: dict | None = None) -> Flask:
     lookups = Lookups(app.config["RESOLVER"], threads=8)
     app.extensions["subscription_fields"] = subscription_fields(
         lookups.within(CREATE_LOOKUP_SECONDS), app.config["ALLOWED_NETWORKS"])
+    install_health(app)  # first: it counts every request, those the hooks below refuse too
     install_request_ids(app)
     install_response_headers(app)
     _trust_proxies(app, app.config["TRUSTED_PROXIES"])
@@ -76,7 +77,6 @@ def create_app(overrides: dict | None = None) -> Flask:
     register_error_handlers(app)
     app.register_blueprint(api)
     app.register_blueprint(docs)
-    install_health(app)
     for group in COMMANDS:
         app.cli.add_command(group)
     # No connection outlives start-up: with gunicorn --preload this process forks the workers, and an

@@ -23,9 +23,9 @@ DOCUMENTED_METRICS = {  # name: (type, label names)
 }
 
 
-def scrape(client) -> dict:
+def scrape(client, **request) -> dict:
     """{(sample name, frozenset of labels): value} of one scrape, and each family's type."""
-    response = client.get("/metrics")
+    response = client.get("/metrics", **request)
     assert response.status_code == 200
     assert response.content_type.startswith("text/plain")
     samples, types = {}, {}
@@ -80,6 +80,19 @@ def test_unmatched_paths_and_odd_methods_share_fixed_labels(client):
     client.open("/wh_secret/evt_x/http:/example", method="BREW")
     assert value(scrape(client), "partner_http_requests_total", method="other", route="unmatched",
                  status="404") == before + 1
+
+
+@pytest.mark.config(OPS_PORT=9100)
+def test_requests_refused_before_their_route_runs_are_counted_too(client):
+    """The other port's 404 (PARTNER_OPS_PORT) and a doubled slash's: every answered request counts."""
+    ops_port = {"base_url": "http://localhost:9100"}
+    before = scrape(client, **ops_port)
+    client.get("/healthz")
+    client.get("/api/v1//partner/me")
+    after = scrape(client, **ops_port)
+    for route in ("/healthz", "unmatched"):
+        assert value(after, "partner_http_requests_total", method="GET", route=route, status="404") == \
+            value(before, "partner_http_requests_total", method="GET", route=route, status="404") + 1, route
 
 
 @pytest.mark.config(AUTH_FAILURE_RATE_LIMIT=1)
