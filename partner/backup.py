@@ -59,6 +59,8 @@ def backup(url: str, target: str) -> Copy:
     source_path, target = sqlite_path(url), os.path.abspath(target)
     if os.path.exists(target):
         raise OperatorError(f"{target} exists: a backup never overwrites a file")
+    if not os.path.isdir(os.path.dirname(target)):  # SQLite would say only "unable to open database file"
+        raise OperatorError(f"the backup to {target} failed: no such directory: {os.path.dirname(target)}")
     partial = f"{target}.partial-{secrets.token_hex(4)}"
     try:
         _copy(source_path, partial)

@@ -136,7 +136,7 @@ def test_a_backup_that_cannot_be_written_is_refused_in_one_line(server_env, back
         refused = flask_db(server_env, "backup", str(target))
         assert refused.returncode == 1
         assert refused.stderr.strip().splitlines() == [
-            f"Error: the backup to {target} failed: unable to open database file"], refused.stderr
+            f"Error: the backup to {target} failed: no such directory: {target.parent}"], refused.stderr
 
 
 @pytest.mark.parametrize("command", ["backup", "restore"])
