@@ -185,29 +185,30 @@ def db_prune(days: int | None) -> None:
 # new-key prints a key, needing neither keys nor a database.
 AS_IT_IS = {("db", "status"), ("db", "upgrade"), ("db", "backup"), ("db", "restore")}
 NEEDS_NOTHING = {("encryption", "new-key")}
-# Of the schema commands, those that open no secret: they load no keys, so never make the key file.
-NEEDS_NO_KEYS = {("db", "status"), ("db", "backup")}
-# Of those, the one that may find no database file: it puts one in place.
+# Of the schema commands, the one that may find no database file: it puts one in place.
 REPLACES_THE_FILE = {("db", "restore")}
+# And those that open no secret: they load no keys, so never make the key file.
+NEEDS_NO_KEYS = {("db", "status"), ("db", "backup")}
 
 
 def runs_a_command(commands: set[tuple[str, str]]) -> bool:
     """Whether this process is `flask [options] GROUP COMMAND` for one of `commands`, however flask
-    was launched (`flask`, `python -m flask`). Read from the command line: the flask CLI builds the
-    app before it parses the command."""
-    if click.get_current_context(silent=True) is None:  # not under the flask CLI (gunicorn)
-        return False
-    args = sys.argv[1:]
-    return any(pair in commands for pair in zip(args, args[1:]))
+    was launched (`flask`, `python -m flask`)."""
+    args = _command_line()
+    return args is not None and any(pair in commands for pair in zip(args, args[1:]))
 
 
 def only_shows_help() -> bool:
     """Whether this process is `flask` showing help: `--help` anywhere, or no command at all. The
     flask CLI builds the app to list its commands; that app must open nothing."""
-    if click.get_current_context(silent=True) is None:
-        return False
-    args = sys.argv[1:]
-    return "--help" in args or all(arg.startswith("-") for arg in args)
+    args = _command_line()
+    return args is not None and ("--help" in args or all(arg.startswith("-") for arg in args))
+
+
+def _command_line() -> list[str] | None:
+    """The arguments of `flask …`, read from the command line: the flask CLI builds the app before it
+    parses them. None when this process is not the flask CLI (gunicorn)."""
+    return sys.argv[1:] if click.get_current_context(silent=True) is not None else None
 
 
 @db_cli.command("status")
