@@ -31,7 +31,7 @@ from partner.edge.response_headers import install_response_headers
 from partner.edge.validation import Field, read_json_object, validate
 from partner.keys import IDENTITY_READ, WEBHOOKS_MANAGE
 from partner.migrations import SchemaTooNew
-from partner.operator.cli import (AS_IT_IS, COMMANDS, NEEDS_NO_KEYS, NEEDS_NOTHING, REPLACES_THE_FILE, only_shows_help,
+from partner.operator.cli import (AS_IT_IS, COMMANDS, NEEDS_KEYS, NEEDS_NOTHING, REPLACES_THE_FILE, only_shows_help,
                                   runs_a_command)
 from partner.operator.logs import database_name
 from partner.outbound.dns import Lookups
@@ -81,7 +81,7 @@ def create_app(overrides: dict | None = None) -> Flask:
         app.cli.add_command(group)
     # No connection outlives start-up: with gunicorn --preload this process forks the workers, and an
     # SQLite connection must never be used on both sides of a fork.
-    if "database" in app.extensions:  # not opened for `flask encryption new-key`
+    if "database" in app.extensions:  # not opened for `flask encryption new-key`, nor for help
         db.close_idle()
     return app
 
@@ -95,7 +95,7 @@ def _open_storage(app: Flask) -> None:
     url = app.config["DATABASE_URL"]
     if runs_a_command(AS_IT_IS):  # it reads or changes the database as it is, and serves nothing
         _refuse_a_missing_file(url)
-        if not runs_a_command(NEEDS_NO_KEYS):
+        if runs_a_command(NEEDS_KEYS):
             _load_keys(app)
         app.extensions["database"] = _open_database(url, migrate=False)
         return

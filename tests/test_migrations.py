@@ -170,9 +170,13 @@ def test_a_start_on_an_up_to_date_database_runs_no_ddl(tmp_path):
     assert schema_cookie(path) == cookie
 
 
-def flask_on(database_url: str, *args: str, **options) -> subprocess.CompletedProcess:
-    """An operator's `flask` command, in a process of its own, on the database at the URL."""
+def flask_on(database_url: str, *args: str, key_file: Path | None = None, **options) -> subprocess.CompletedProcess:
+    """An operator's `flask` command, in a process of its own, on the database at the URL; with
+    `key_file`, configured with no keys (on SQLite the service then makes that file)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLASK_")}
+    if key_file:
+        del env["PARTNER_ENCRYPTION_KEYS"]
+        env["PARTNER_ENCRYPTION_KEY_FILE"] = str(key_file)
     return run_flask({**env, "PARTNER_DATABASE_URL": database_url}, *args, **options)
 
 
@@ -204,10 +208,10 @@ def test_db_status_changes_nothing_however_flask_is_launched(database_url, launc
 
 @pytest.mark.parametrize("command", [("status",), ("upgrade",), ("backup", "copy.sqlite3")])
 def test_a_schema_command_on_no_database_says_so_and_makes_none(tmp_path, command):
-    path = tmp_path / "mistyped.sqlite3"
-    result = run_flask({**os.environ, "PARTNER_DATABASE_URL": f"sqlite:///{path}"}, "db", *command)
+    path, key_file = tmp_path / "mistyped.sqlite3", tmp_path / "instance" / "encryption.key"
+    result = flask_on(f"sqlite:///{path}", "db", *command, key_file=key_file)
     assert result.returncode == 1 and f"no database at {path}" in result.stderr, result.stderr
-    assert not path.exists()
+    assert not path.exists() and not key_file.parent.exists()
 
 
 def made_nothing(database_url: str) -> bool:
@@ -226,35 +230,43 @@ def test_db_status_tells_an_empty_database_from_an_old_release(database_url):
     assert shown.returncode == 1, shown.stderr
     assert "empty database: the first start or `flask db upgrade` makes it from schema.sql" in shown.stdout
     build_release(database_url, "1.1")
-    assert "empty database" not in flask_on(database_url, "db", "status").stdout
+    old = flask_on(database_url, "db", "status")
+    assert old.returncode == 1 and "pending: 0001_baseline" in old.stdout, old.stderr
+    assert "empty database" not in old.stdout
 
 
-@pytest.mark.parametrize("args", [(), ("--help",), ("db", "--help"), ("db", "status", "--help"),
-                                  ("keys", "create", "--help")])
-def test_help_opens_no_database(database_url, args):
-    shown = flask_on(database_url, *args)
-    assert "Usage: flask" in shown.stdout + shown.stderr
-    assert made_nothing(database_url)
+@pytest.mark.parametrize("args, listed", [((), "encryption"), (("--help",), "encryption"), (("--app", "wsgi"), "Missing command"),
+                                          (("db",), "upgrade"), (("db", "--help"), "upgrade"),
+                                          (("db", "status", "--help"), "Schema version"),
+                                          (("keys", "create", "--help"), "--org")])
+def test_help_opens_no_database_and_makes_no_key_file(database_url, tmp_path, args, listed):
+    """On SQLite without keys, which the service would make; on PostgreSQL with them, or the start
+    would be refused before any table is made."""
+    key_file = tmp_path / "instance" / "encryption.key"
+    shown = flask_on(database_url, *args, key_file=key_file if database_url.startswith("sqlite") else None)
+    assert "Usage: flask" in shown.stdout + shown.stderr and listed in shown.stdout + shown.stderr, shown.stderr
+    assert "Traceback" not in shown.stderr
+    assert made_nothing(database_url) and not key_file.parent.exists()
 
 
-@pytest.mark.parametrize("command", [("status",), ("backup", "copy"), ("upgrade",)])
-def test_a_schema_command_that_needs_no_key_makes_no_key_file(tmp_path, command):
-    """Only `db upgrade` seals secrets (a release 1.1 database's), and so may need the key file made."""
-    path, key_file = tmp_path / "partner.sqlite3", tmp_path / "instance" / "encryption.key"
-    if command != ("upgrade",):  # upgrade: on no database at all, refused before any key is read
-        build_release(f"sqlite:///{path}", "1.1")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("FLASK_", "PARTNER_"))}
-    command = tuple(str(tmp_path / "copy.sqlite3") if arg == "copy" else arg for arg in command)
-    run_flask({**env, "PARTNER_DATABASE_URL": f"sqlite:///{path}", "PARTNER_ENCRYPTION_KEY_FILE": str(key_file)},
-              "db", *command)
+def test_schema_commands_other_than_upgrade_read_no_keys(tmp_path):
+    """Only `db upgrade` may open a secret (0002 seals a release 1.1 database's): status, backup and
+    restore never make the key file."""
+    database, copy, key_file = tmp_path / "partner.sqlite3", tmp_path / "copy.sqlite3", tmp_path / "instance" / "key"
+    url = f"sqlite:///{database}"
+    build_release(url, "1.1")
+    status = flask_on(url, "db", "status", key_file=key_file)
+    assert status.returncode == 1 and "pending: 0001_baseline" in status.stdout, status.stderr
+    assert flask_on(url, "db", "backup", str(copy), key_file=key_file).returncode == 0
+    database.unlink()
+    restored = flask_on(url, "db", "restore", str(copy), key_file=key_file)
+    assert restored.returncode == 0 and database.exists(), restored.stderr
     assert not key_file.parent.exists()
 
 
 def test_new_key_needs_neither_encryption_keys_nor_a_database(database_url, tmp_path):
     key_file = tmp_path / "no" / "encryption.key"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("FLASK_", "PARTNER_"))}
-    result = run_flask({**env, "PARTNER_DATABASE_URL": database_url, "PARTNER_ENCRYPTION_KEY_FILE": str(key_file)},
-                       "encryption", "new-key")
+    result = flask_on(database_url, "encryption", "new-key", key_file=key_file)
     assert result.returncode == 0, result.stderr
     assert len(base64.urlsafe_b64decode(result.stdout.splitlines()[-1] + "=")) == 32
     assert not key_file.parent.exists()

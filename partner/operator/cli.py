@@ -187,8 +187,11 @@ AS_IT_IS = {("db", "status"), ("db", "upgrade"), ("db", "backup"), ("db", "resto
 NEEDS_NOTHING = {("encryption", "new-key")}
 # Of the schema commands, the one that may find no database file: it puts one in place.
 REPLACES_THE_FILE = {("db", "restore")}
-# And those that open no secret: they load no keys, so never make the key file.
-NEEDS_NO_KEYS = {("db", "status"), ("db", "backup")}
+# And the one that may open a secret (a migration seals them); the others load no keys, so never make
+# the key file.
+NEEDS_KEYS = {("db", "upgrade")}
+# flask's own options that take a value (`--app wsgi`): that value is not a command.
+_FLASK_OPTION_VALUES = {"-A", "--app", "-e", "--env-file"}
 
 
 def runs_a_command(commands: set[tuple[str, str]]) -> bool:
@@ -199,10 +202,15 @@ def runs_a_command(commands: set[tuple[str, str]]) -> bool:
 
 
 def only_shows_help() -> bool:
-    """Whether this process is `flask` showing help: `--help` anywhere, or no command at all. The
-    flask CLI builds the app to list its commands; that app must open nothing."""
+    """Whether this process is `flask` showing help: `--help` anywhere, no command at all, or one of
+    our groups without its command (`flask db`). The flask CLI builds the app to list its commands;
+    that app must open nothing."""
     args = _command_line()
-    return args is not None and ("--help" in args or all(arg.startswith("-") for arg in args))
+    if args is None:
+        return False
+    words = [arg for arg, before in zip(args, [None, *args])
+             if not arg.startswith("-") and before not in _FLASK_OPTION_VALUES]
+    return "--help" in args or not words or (len(words) == 1 and words[0] in {group.name for group in COMMANDS})
 
 
 def _command_line() -> list[str] | None:
