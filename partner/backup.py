@@ -59,8 +59,10 @@ def backup(url: str, target: str) -> Copy:
     source_path, target = sqlite_path(url), os.path.abspath(target)
     if os.path.exists(target):
         raise OperatorError(f"{target} exists: a backup never overwrites a file")
-    if not os.path.isdir(os.path.dirname(target)):  # SQLite would say only "unable to open database file"
-        raise OperatorError(f"the backup to {target} failed: no such directory: {os.path.dirname(target)}")
+    directory = os.path.dirname(target)
+    if not os.path.isdir(directory):  # SQLite would say only "unable to open database file"
+        why = "is not a directory" if os.path.exists(directory) else "does not exist"
+        raise OperatorError(f"the backup to {target} failed: {directory} {why}")
     partial = f"{target}.partial-{secrets.token_hex(4)}"
     try:
         _copy(source_path, partial)
@@ -68,8 +70,8 @@ def backup(url: str, target: str) -> Copy:
         _write_back(partial)
         _fsync(partial)
         os.link(partial, target)  # atomic, and refuses a PATH created meanwhile
-        _fsync(os.path.dirname(target))
-    except (OSError, sqlite3.Error) as error:  # no such directory, no write permission, a full disk
+        _fsync(directory)
+    except (OSError, sqlite3.Error) as error:  # no write permission, a full disk
         raise OperatorError(f"the backup to {target} failed: {error}") from None
     finally:
         if os.path.exists(partial):

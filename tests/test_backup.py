@@ -132,11 +132,12 @@ def test_a_backup_never_overwrites_and_a_bad_copy_is_never_restored(server_env, 
 
 def test_a_backup_that_cannot_be_written_is_refused_in_one_line(server_env, backed_up, tmp_path):
     (tmp_path / "a-file").write_text("")
-    for target in (tmp_path / "missing" / "copy.sqlite3", tmp_path / "a-file" / "copy.sqlite3"):
+    for directory, why in (("missing", "does not exist"), ("a-file", "is not a directory")):
+        target = tmp_path / directory / "copy.sqlite3"
         refused = flask_db(server_env, "backup", str(target))
         assert refused.returncode == 1
         assert refused.stderr.strip().splitlines() == [
-            f"Error: the backup to {target} failed: no such directory: {target.parent}"], refused.stderr
+            f"Error: the backup to {target} failed: {target.parent} {why}"], refused.stderr
 
 
 @pytest.mark.parametrize("command", ["backup", "restore"])
