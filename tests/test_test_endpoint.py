@@ -185,6 +185,17 @@ def test_another_organizations_subscription_is_404_even_with_its_secret(app, cli
     assert nothing_queued(app)
 
 
+@pytest.mark.parametrize("body", [{"data": b"nope"}, {"json": {}}, {"json": {"colour": 1}}, {"data": b"x" * 70_000}])
+def test_the_subscription_is_checked_before_the_body(app, client, issue_key, auth, subscription, body):
+    """decisions.md's order: the resource (404) before the body (400, 413, 422), for an unknown id
+    and for another organization's alike."""
+    globex = bearer(issue_key("globex"))
+    for headers, subscription_id in ((auth, "wh_doesnotexist00000000"), (globex, subscription["id"])):
+        response = client.post(f"{WEBHOOKS}/{subscription_id}/test", headers=headers, **body)
+        assert (response.status_code, response.get_json()) == (404, NOT_FOUND)
+    assert nothing_queued(app)
+
+
 def test_a_deleted_subscription_is_404(app, client, auth, subscription):
     client.delete(f"{WEBHOOKS}/{subscription['id']}", headers=auth)
     assert ping_as(client, auth, subscription).get_json() == NOT_FOUND
