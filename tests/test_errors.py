@@ -47,7 +47,8 @@ def test_unexpected_exception_is_a_bare_500(app, caplog):
                                   b'{"url": "http://93.184.215.14/", "description": "a", "description": "b"}'])
 def test_a_name_given_twice_is_invalid_json(client, auth, data):
     """I-JSON (RFC 7493): parsers differ on which of two values counts, as they do on an odd URL."""
-    assert_problem(client.post(WEBHOOKS, data=data, headers=auth), 400, "invalid_json")
+    body = assert_problem(client.post(WEBHOOKS, data=data, headers=auth), 400, "invalid_json")
+    assert body["detail"] == "The request body must be a JSON object, naming each field once."
     assert client.get(WEBHOOKS, headers=auth).get_json()["data"] == []
 
 

@@ -33,7 +33,7 @@ def read_json_object() -> dict:
     except (ValueError, RecursionError):  # UnicodeError is a ValueError
         body = None
     if not isinstance(body, dict):
-        raise ApiError(400, "invalid_json", "The request body must be a JSON object.")
+        raise ApiError(400, "invalid_json", "The request body must be a JSON object, naming each field once.")
     return body
 
 
