@@ -280,7 +280,9 @@ TEST_FIELDS = (Field("secret", required=True, max_length=256),)
 @api.post("/webhooks/<subscription_id>/test")
 @require_scope(WEBHOOKS_MANAGE)
 def test_webhook(subscription_id: str):
-    find_subscription(g.caller.organization.id, subscription_id)  # the resource (404) before the body
+    # The resource (404) before the body, as documented; trigger_test_ping finds it again, held, after
+    # the body is read: a slow client must not hold a write transaction open.
+    find_subscription(g.caller.organization.id, subscription_id)
     secret = validate(read_json_object(), TEST_FIELDS)["secret"]
     event = trigger_test_ping(g.caller.organization.id, subscription_id, secret, g.caller.key_id,
                               now_ms(current_app.config["CLOCK"]))
