@@ -84,10 +84,10 @@ def _field_error(field: Field, value: Any, present: bool) -> tuple[str, str] | N
 def _unique_names(pairs: list[tuple]) -> dict:
     # I-JSON again: a name given twice means what the parser decides (here the last value, elsewhere
     # the first), the kind of doubt the SSRF rule refuses in a URL.
-    names = {name for name, _ in pairs}
-    if len(names) != len(pairs):
+    body = dict(pairs)
+    if len(body) != len(pairs):
         raise ValueError("a name given twice")
-    return dict(pairs)
+    return body
 
 
 def _reject_constant(name: str):
