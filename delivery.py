@@ -7,7 +7,8 @@ on import or in create_app: gunicorn's post_worker_init hook calls `start()`.
 Dead endpoints must not starve healthy ones. An attempt to an endpoint that hangs holds its slot
 until the deadline, and before its first timeout nothing tells it from a slow healthy one. So the
 pool is large (DELIVERY_CONCURRENCY, default 64: a thread waiting on a socket costs little), a
-subscription has at most one attempt in flight, and subscriptions whose last attempt failed may
+subscription's attempts in flight are held to its limit (partner/concurrency.py: 1 until its
+receiver answers, and narrowed by every timeout), and subscriptions whose last attempt failed may
 hold at most half of the slots together: however many endpoints are dead, once they have failed
 once they leave the other half to the healthy ones.
 """
@@ -68,6 +69,7 @@ class Dispatcher:
         self.timeout = config["DELIVERY_TIMEOUT"]
         self.policy = RetryPolicy(config["DELIVERY_RETRY_DELAYS"], config["AUTO_DISABLE_THRESHOLD"])
         self.concurrency = config["DELIVERY_CONCURRENCY"]
+        self.most_per_subscription = config["DELIVERY_MAX_PER_SUBSCRIPTION"]
         self.poll_interval = config["DELIVERY_POLL_INTERVAL"]
         self.enabled = config["SCHEDULER_ENABLED"]
         self.retention_days = config["RETENTION_DAYS"]
@@ -75,7 +77,7 @@ class Dispatcher:
         self.refill_at = max(1, min(REFILL_BATCH, self.concurrency // 2))
         self.random = random.Random()
         # Outcomes of attempts finishing together are written at once.
-        self.outcomes = GroupCommit(lambda outcomes: write_outcomes(outcomes, self.policy))
+        self.outcomes = GroupCommit(lambda outcomes: write_outcomes(outcomes, self.policy, self.most_per_subscription))
         # The record step and its pauses between tries: seams, so a test can make it fail every time.
         self.record, self.record_pauses = self.outcomes.run, RECORD_RETRY_SECONDS
         self._free_slots = self.concurrency
@@ -195,7 +197,7 @@ class Dispatcher:
                 if database_outage.active:  # a claim of nothing writes nothing: prove writes commit
                     probe_write()
                 claims = claim_due(now_ms(self.clock), reserved, self.lease_ms, failing,
-                                   self.policy.auto_disable_threshold)
+                                   self.policy.auto_disable_threshold, self.most_per_subscription)
         except Exception as error:  # noqa: BLE001 - unavailability backs off, the rest re-raised
             self._back_off(error)
             return 0
@@ -261,7 +263,8 @@ class Dispatcher:
         done = 0
         while True:
             with db.connection_context():
-                claims = claim_due(now_ms(self.clock), 1, self.lease_ms, None, self.policy.auto_disable_threshold)
+                claims = claim_due(now_ms(self.clock), 1, self.lease_ms, None, self.policy.auto_disable_threshold,
+                                   self.most_per_subscription)
             if not claims:
                 return done
             self.attempt(claims[0])
@@ -302,7 +305,8 @@ class Dispatcher:
         """Make one attempt of a claimed delivery: send, record, log."""
         attempted_at = now_ms(self.clock)
         result = self.sender.send(claim, attempted_at)
-        outcome = Outcome(claim, result, attempted_at, now_ms(self.clock), self.random.uniform(0, MAX_JITTER))
+        outcome = Outcome(claim, result, attempted_at, now_ms(self.clock), self.random.uniform(0, MAX_JITTER),
+                          self.random.random())
         recorded = self._record(outcome)
         log_attempt(outcome, recorded)
         return recorded

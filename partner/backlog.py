@@ -2,7 +2,9 @@
 readiness and the metrics scrape answer even when the database does not.
 
 `due` counts open deliveries whose due time has passed: pending ones, and in-flight ones whose
-lease expired (their attempt died). An attempt in flight under a live lease is not due.
+lease expired (their attempt died). An attempt in flight under a live lease is not due. Of the
+subscriptions, `at_limit` counts those held at their limit (as many attempts in flight as it
+allows, and deliveries due behind them), `paused` those held for a Retry-After.
 """
 
 import logging
@@ -16,13 +18,20 @@ from dataclasses import dataclass
 import psycopg2
 from peewee import SqliteDatabase
 
-from models import OPEN_CONDITION, db
+from models import IN_FLIGHT_CONDITION, OPEN_CONDITION, allowance, db
 
 log = logging.getLogger(__name__)
 
 # The WHERE clause repeats the delivery_due_at partial index's own condition word for word, so
 # the count walks that index (open deliveries only), however many finished rows the table holds.
 _DUE = f"SELECT COUNT(*), MIN(due_at) FROM delivery WHERE {OPEN_CONDITION} AND due_at <= {{p}}"
+# From the attempts in flight (their partial index): few, whatever the history or the backlog.
+_AT_LIMIT = (f"SELECT COUNT(*) FROM (SELECT subscription_id, COUNT(*) AS n FROM delivery WHERE {IN_FLIGHT_CONDITION} "
+             f"AND due_at > {{p}} GROUP BY subscription_id) AS f JOIN subscription AS s ON s.id = f.subscription_id "
+             f"WHERE s.deleted_at IS NULL AND f.n >= ({allowance('s')}) AND (s.paused_until IS NULL OR "
+             f"s.paused_until <= {{p}}) AND EXISTS (SELECT 1 FROM delivery WHERE subscription_id = s.id "
+             f"AND {OPEN_CONDITION} AND due_at <= {{p}})")
+_PAUSED = "SELECT COUNT(*) FROM subscription WHERE paused_until > {p} AND deleted_at IS NULL"
 
 
 class DatabaseUnavailable(Exception):
@@ -33,13 +42,16 @@ class DatabaseUnavailable(Exception):
 class Backlog:
     due: int
     oldest_due_at: int | None  # Unix ms
+    at_limit: int = 0
+    paused: int = 0
 
     def oldest_due_seconds(self, now_ms: int) -> float:
         return 0.0 if self.oldest_due_at is None else max(0, now_ms - self.oldest_due_at) / 1000
 
 
-def read_backlog(now_ms: int, timeout: float) -> Backlog:
-    """Count due deliveries within `timeout` seconds: a read, never a write, so that asking (a
+def read_backlog(now_ms: int, timeout: float, most: int) -> Backlog:
+    """Count due deliveries, and subscriptions held at their limit (`most`: the most attempts in
+    flight to one) or paused, within `timeout` seconds: reads, never a write, so that asking (a
     readiness probe, a scrape, a hammer of either) costs the database no commit. Raises
     DatabaseUnavailable."""
     try:
@@ -48,12 +60,16 @@ def read_backlog(now_ms: int, timeout: float) -> Backlog:
             cursor = connection.cursor()
             cursor.execute(_DUE.format(p=p), (now_ms,))
             row = cursor.fetchone()
+            cursor.execute(_AT_LIMIT.format(p=p), (now_ms, now_ms, most, most, now_ms, now_ms))
+            [at_limit] = cursor.fetchone()
+            cursor.execute(_PAUSED.format(p=p), (now_ms,))
+            [paused] = cursor.fetchone()
     except (sqlite3.Error, psycopg2.Error) as error:
         # The driver's message may name the database host: it goes to the log, not to the caller.
         log.warning("database check failed: %s", _first_line(error))
         raise DatabaseUnavailable(f"the database could not be read within {timeout:g} s "
                                   f"({type(error).__name__})") from None
-    return Backlog(int(row[0]), None if row[1] is None else int(row[1]))
+    return Backlog(int(row[0]), None if row[1] is None else int(row[1]), int(at_limit), int(paused))
 
 
 def _connect(database, timeout: float) -> tuple:

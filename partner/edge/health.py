@@ -85,7 +85,8 @@ class Recent:
 def _backlog(now: int):
     """The due backlog (a probe or a scrape asks every few seconds; a hammer of them must not open
     a connection each)."""
-    return _recent_backlog.get(lambda: read_backlog(now, READY_TIMEOUT_SECONDS))
+    most = current_app.config["DELIVERY_MAX_PER_SUBSCRIPTION"]
+    return _recent_backlog.get(lambda: read_backlog(now, READY_TIMEOUT_SECONDS, most))
 
 
 # Under gunicorn (metrics summed over workers), a scrape and the backlog are at most a second old;

@@ -57,6 +57,7 @@ class AttemptResult:
     error: str | None  # None, "http_status", "timeout", "connection_error", "tls_error" or "redirect"
     response_excerpt: str  # the body's start, cut by outside_text.excerpt (EXCERPT_BYTES once encoded)
     duration_ms: int
+    retry_after: str | None = None  # the response's Retry-After header, as sent (partner/concurrency.py reads it)
 
 
 class Deadline:
@@ -89,6 +90,7 @@ class Deadline:
 class _Reply:
     status: int | None = None
     body: bytearray = field(default_factory=bytearray)
+    retry_after: str | None = None
 
 
 class Transport:
@@ -130,6 +132,7 @@ class Transport:
             error=error,
             response_excerpt=outside_text.excerpt(reply.body),
             duration_ms=deadline.elapsed_ms(),
+            retry_after=reply.retry_after,
         )
 
     def _exchange(self, target: Target, addresses: tuple[str, ...], body: bytes,
@@ -171,6 +174,7 @@ def _round_trip(pool: HTTPConnectionPool, request_target: str, body: bytes, head
                             redirect=False, preload_content=False, decode_content=False,
                             release_conn=False)
     reply.status = response.status
+    reply.retry_after = response.headers.get("Retry-After")
     ended = False
     try:
         ended = _read_capped(response, reply.body)
