@@ -251,6 +251,9 @@ class Receiver:
         self.tls = tls
         self.arrivals: dict[str, tuple[str, float]] = {}
         self.count = 0
+        # Every request: (event id, path, arrival, status answered, requests to its path prefix under way).
+        self.requests: list[tuple[str, str, float, int, int]] = []
+        self.delivered: dict[str, float] = {}  # event id: its first 2xx's arrival
         self._changed = threading.Condition()
         self.process: subprocess.Popen | None = None
 
@@ -271,15 +274,23 @@ class Receiver:
 
     def _read(self) -> None:
         for line in self.process.stdout:
-            event_id, path, at = line.decode().split()
+            event_id, path, at, status, under_way = line.decode().split()
             with self._changed:
                 self.arrivals.setdefault(event_id, (path, float(at)))  # the first arrival counts
+                self.requests.append((event_id, path, float(at), int(status), int(under_way)))
+                if 200 <= int(status) < 300:
+                    self.delivered.setdefault(event_id, float(at))
                 self.count += 1
                 self._changed.notify_all()
 
     def wait_for_count(self, count: int, timeout: float) -> bool:
         with self._changed:
             return self._changed.wait_for(lambda: self.count >= count, timeout)
+
+    def wait_for_delivered(self, count: int, timeout: float) -> bool:
+        """Whether `count` events have had a 2xx within `timeout` seconds."""
+        with self._changed:
+            return self._changed.wait_for(lambda: len(self.delivered) >= count, timeout)
 
     def wait_for_event(self, event_id: str, timeout: float) -> float | None:
         """The arrival time (monotonic) of the event, or None if it did not come in time."""
@@ -291,6 +302,8 @@ class Receiver:
     def reset(self) -> None:
         with self._changed:
             self.arrivals.clear()
+            self.requests.clear()
+            self.delivered.clear()
             self.count = 0
 
     def stop(self) -> None:
