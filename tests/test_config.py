@@ -67,3 +67,9 @@ def test_an_operator_command_refuses_a_bad_setting_in_one_line(server_env, name,
     assert result.returncode == 1
     assert f"refusing to start: PARTNER_{name} must be" in result.stderr and "Traceback" not in result.stderr, \
         result.stderr
+
+
+@pytest.mark.parametrize("most", [0, -3, 2.5, "16", True])
+def test_a_most_per_subscription_that_is_not_a_positive_whole_number_stops_start_up(config, most):
+    with pytest.raises(StartRefused, match="PARTNER_DELIVERY_MAX_PER_SUBSCRIPTION must be a positive integer"):
+        create_app({**config, "DELIVERY_MAX_PER_SUBSCRIPTION": most})
