@@ -21,19 +21,15 @@ at the default settings (one gunicorn worker, PARTNER_DELIVERY_MAX_PER_SUBSCRIPT
 Each limit's course is sampled from the database every SAMPLE_SECONDS during the drain.
 """
 
-import json
 import sqlite3
 import sys
 import threading
 import time
 from contextlib import ExitStack
 
-from harness import (BOOT_SECONDS, QUICK, REPO, Partner, Receiver, Service, at_least, at_most, child_pids,
-                     cpu_seconds, info, pick, ping_many, queue_backlog, report, workdir)
-
-sys.path.insert(0, str(REPO))  # the tests' throwaway PostgreSQL server
-from partner.sealing import new_key  # noqa: E402
-from tests.servers import postgres_bin_dir, start_postgres  # noqa: E402
+from harness import (QUICK, Partner, Receiver, Service, at_least, at_most, cpu_seconds, info, pick, ping_many,
+                     queue_backlog, report, start_scanning, throwaway_postgresql, workdir)
+from scale_out import rows_written
 
 SLOW_PINGS = pick(1500, 300)
 SLOW_MS = 200
@@ -98,17 +94,7 @@ def drain(tmp, services: list[Service], receiver: Receiver, events: int, sampler
     """Start the services on their queued backlog and wait until `events` are delivered; the
     workers' CPU seconds from the moment every one scans."""
     with ExitStack() as running:
-        for service in services:
-            running.callback(service.stop)
-            service.start(wait=False)
-        for service in services:
-            service.wait_until_serving()
-        workers = [pid for service in services for pid in child_pids(service.process.pid)]
-        deadline = time.monotonic() + BOOT_SECONDS
-        while sum(service.scanners_started() for service in services) < len(workers):
-            if time.monotonic() > deadline:
-                raise RuntimeError("not every worker started its scanner")
-            time.sleep(0.005)
+        workers = start_scanning(services, running, services[0].name)
         cpu_before = sum(cpu_seconds(pid) for pid in workers)
         with sampler:
             if not receiver.wait_for_delivered(events, DRAIN_TIMEOUT):
@@ -184,17 +170,15 @@ def retry_after(tmp, receiver: Receiver) -> float:
 
 def postgres(tmp, receiver: Receiver) -> dict:
     """Two services on one PostgreSQL: adaptive, then pinned to 4."""
-    bin_dir = postgres_bin_dir()
-    if bin_dir is None:
-        return {}
-    server = start_postgres(bin_dir)
-    keys = json.dumps([new_key()])
-    try:
+    with throwaway_postgresql() as postgresql:
+        if postgresql is None:
+            return {}
+        server, service_env = postgresql
         results = {}
         for pin in (None, 4):
             receiver.reset()
             schema = server.create_schema()
-            env = {"PARTNER_DATABASE_URL": server.url(schema), "PARTNER_ENCRYPTION_KEYS": keys}
+            env = service_env(schema)
             quiet, subscription = queue(tmp, f"/slow/{PG_MS}/pg-{pin or 'auto'}/x", PG_PINGS, env, receiver,
                                         name=f"pg-queue-{pin}")
             if pin:
@@ -213,30 +197,24 @@ def postgres(tmp, receiver: Receiver) -> dict:
                                       "highest_limit": max(limit for _, limit in sampler.samples),
                                       "rate": rate(list(receiver.delivered.values()))}
         return results
-    finally:
-        server.stop()
 
 
 def cost(tmp, receiver: Receiver) -> dict:
     """Write transactions, rows written and worker CPU per delivery: scale_out's backlog, one service
     on PostgreSQL."""
-    bin_dir = postgres_bin_dir()
-    if bin_dir is None:
-        return {}
-    server = start_postgres(bin_dir)
-    try:
+    with throwaway_postgresql() as postgresql:
+        if postgresql is None:
+            return {}
+        server, service_env = postgresql
         schema = server.create_schema()
-        env = {"PARTNER_DATABASE_URL": server.url(schema), "PARTNER_ENCRYPTION_KEYS": json.dumps([new_key()])}
+        env = service_env(schema)
         receiver.reset()
         queue_backlog(tmp, receiver, COST_SUBSCRIPTIONS, COST_PINGS, env)
         database = server.connect(schema)
         try:
             def counters():
                 xid = int(database.execute_sql("SELECT txid_current()").fetchone()[0])  # assigns one itself
-                rows = int(database.execute_sql(
-                    "SELECT COALESCE(SUM(n_tup_ins + n_tup_upd + n_tup_del), 0) FROM pg_stat_user_tables "
-                    "WHERE schemaname = %s", (schema,)).fetchone()[0])
-                return xid, rows
+                return xid, rows_written(server, schema)
             xid_before, rows_before = counters()
             receiver.reset()
             cpu = drain(tmp, [Service(tmp, env, name="cost")], receiver, COST_PINGS, Sampler(lambda: 0))
@@ -246,8 +224,6 @@ def cost(tmp, receiver: Receiver) -> dict:
             database.close()
         return {"transactions": (xid_after - xid_before - 1) / COST_PINGS, "rows": (rows_after - rows_before) / COST_PINGS,
                 "cpu_ms": cpu * 1000 / COST_PINGS, "rate": rate(list(receiver.delivered.values()))}
-    finally:
-        server.stop()
 
 
 def cost_figures(measured: dict) -> list:

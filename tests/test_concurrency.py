@@ -156,12 +156,18 @@ def test_after_a_push_back_the_limit_widens_by_chance(organization):
     assert limit_of(subscription) == (5, 8)
 
 
+def pinned_backlog(org_id: str, pin: int, pings: int):
+    """A subscription pinned to `pin` attempts in flight, with `pings` due pings."""
+    [subscription] = subscriptions(org_id, 1)
+    set_concurrency(subscription.id, pin)
+    for _ in range(pings):
+        enqueue_ping(subscription)
+    return subscription
+
+
 @pytest.mark.both_databases
 def test_a_pinned_subscription_neither_widens_nor_narrows(organization):
-    [subscription] = subscriptions(organization("acme"), 1)
-    set_concurrency(subscription.id, 3)
-    for _ in range(20):
-        enqueue_ping(subscription)
+    subscription = pinned_backlog(organization("acme"), 3, 20)
     claims = claim_due(NOW, 64, LEASE)
     assert len(claims) == 3
     record([(claims[0], OK), (claims[1], OK), (claims[2], TIMED_OUT)], NOW + 1, draw=0.0)
@@ -231,10 +237,7 @@ def test_a_500_with_retry_after_narrows_but_holds_nothing(organization):
 
 @pytest.mark.both_databases
 def test_the_limit_holds_however_many_claim_at_once(organization):
-    [subscription] = subscriptions(organization("acme"), 1)
-    set_concurrency(subscription.id, 4)
-    for _ in range(100):
-        enqueue_ping(subscription)
+    pinned_backlog(organization("acme"), 4, 100)
     taken = []
     claimers = [lambda: [taken.extend(claim_due(NOW, 64, LEASE)) for _ in range(5)] for _ in range(6)]
 
