@@ -2,7 +2,7 @@
 
 Order. A subscription's deliveries are taken oldest due first: by due time, then by enqueue order
 (`seq`, one more than the highest of its open deliveries when queued; two enqueues committing at
-the same moment on PostgreSQL may share one, and were not ordered anyway: the event id decides). A
+the same moment on PostgreSQL may share one, and were not ordered anyway: one goes per claim). A
 subscription may have as many attempts in flight as its limit (partner/concurrency.py), in every
 process: a claim offers it that many less those in flight under a live lease, its oldest due ones.
 Pinned to one, its deliveries go out one at a time in that order; with more, they start in that
@@ -25,10 +25,10 @@ order.
 The candidates are found without reading the backlog or the history: a walk over the
 delivery_queue index visits each subscription with open deliveries once (a loose index scan,
 written as a recursive query because neither database does it on its own), and a second walk takes
-each one's due deliveries from the same index, one step per delivery it may take; the attempts in
-flight come from their own index. A claim costs the number of subscriptions with open work, of the
-deliveries it may take and of attempts in flight, not the number of due deliveries, nor of finished
-ones: no step searches an index that history grows (bench/state_scale).
+each one's due deliveries from the same index, one step per delivery that could be taken; the
+attempts in flight come from their own index. A claim costs the number of subscriptions with open
+work, of the deliveries it could take and of attempts in flight, not the number of due deliveries,
+nor of finished ones: no step searches an index that history grows (bench/state_scale).
 """
 
 from models import SQL_CONDITIONS, allowance
@@ -36,14 +36,18 @@ from partner.database import select_rows
 
 # Portable (SQLite 3.35+ and PostgreSQL 12+: recursive CTEs, row values, window functions,
 # MATERIALIZED), run by database.select_rows. The state conditions are the partial indexes' own,
-# word for word. busy and rooms are MATERIALIZED, so each is read once: inlined, a newer SQLite
-# inlines busy at each of its uses. `candidates` walks each subscription's due deliveries in claim
-# order (due time, seq, event id), up to its room and to the claim's size, from the delivery it
-# reached: only the deliveries offered are read.
+# word for word. busy, rooms and heads are MATERIALIZED, so each is read once: inlined, a newer
+# SQLite inlines busy at each of its uses, and the heads' subqueries would run at each use of a
+# column. `candidates` walks on from each head, in claim order (due time, seq: the index's own, so
+# each step reads one entry; two deliveries sharing both are offered one per claim), up to its
+# room and its `depth`: a subscription's k-th candidate comes after its own k - 1 and after the
+# head of every subscription of its organization (and failing-ness: the failing cap never removes
+# those) that has as few in flight, so past `limit` of them it could never be taken. Without that
+# bound, a hundred subscriptions of one organization each offered a claim of 8 slots up to 8.
 _NEXT = ("(SELECT {column} FROM delivery WHERE subscription_id = c.subscription_id AND {open} AND due_at <= {p} "
-         "AND (due_at, seq, event_id) > (c.due_at, c.seq, c.event_id) ORDER BY due_at, seq, event_id LIMIT 1)")
+         "AND (due_at, seq) > (c.due_at, c.seq) ORDER BY due_at, seq LIMIT 1)")
 _FIRST = ("(SELECT {column} FROM delivery WHERE subscription_id = r.id AND {open} AND due_at <= {p} "
-          "ORDER BY due_at, seq, event_id LIMIT 1)")
+          "ORDER BY due_at, seq LIMIT 1)")
 _PICK = """
 WITH RECURSIVE queued (id) AS (
     SELECT * FROM (SELECT subscription_id FROM delivery WHERE {open}
@@ -63,14 +67,21 @@ rooms AS MATERIALIZED (
            COALESCE(flying.n, 0) AS flying, (""" + allowance("s") + """) - COALESCE(flying.n, 0) AS room
     FROM queued JOIN subscription AS s ON s.id = queued.id LEFT JOIN flying ON flying.subscription_id = s.id
     WHERE s.deleted_at IS NULL),
-candidates (subscription_id, org, failing, flying, room, nth, due_at, seq, event_id) AS (
-    SELECT r.id, r.org, r.failing, r.flying, r.room, 1, """ + ", ".join(
-        _FIRST.replace("{column}", column) for column in ("due_at", "seq", "event_id")) + """
-    FROM rooms AS r WHERE r.room > 0
+heads AS MATERIALIZED (
+    SELECT r.id AS subscription_id, r.org, r.failing, r.flying, r.room, """ + ", ".join(
+        _FIRST.replace("{column}", column) + " AS " + column for column in ("due_at", "event_id")) + """
+    FROM rooms AS r WHERE r.room > 0),
+reach AS (
+    SELECT heads.*, {p} + 1 - COUNT(*) OVER (PARTITION BY org, failing ORDER BY flying) AS depth
+    FROM heads WHERE event_id IS NOT NULL),
+candidates (subscription_id, org, failing, flying, room, depth, nth, due_at, seq, event_id) AS (
+    SELECT subscription_id, org, failing, flying, room, depth, 1, due_at,
+           CASE WHEN room > 1 AND depth > 1 THEN """ + _FIRST.replace("{column}", "seq").replace("r.id", "reach.subscription_id") + """ END,
+           event_id FROM reach
     UNION ALL
-    SELECT c.subscription_id, c.org, c.failing, c.flying, c.room, c.nth + 1, """ + ", ".join(
+    SELECT c.subscription_id, c.org, c.failing, c.flying, c.room, c.depth, c.nth + 1, """ + ", ".join(
         _NEXT.replace("{column}", column) for column in ("due_at", "seq", "event_id")) + """
-    FROM candidates AS c WHERE c.event_id IS NOT NULL AND c.nth < c.room AND c.nth < {p}),
+    FROM candidates AS c WHERE c.event_id IS NOT NULL AND c.nth < c.room AND c.nth < c.depth),
 turns AS (
     SELECT candidates.*, COALESCE(held.slots, 0) + ROW_NUMBER() OVER (
                PARTITION BY candidates.org ORDER BY candidates.flying + candidates.nth, due_at, event_id) AS turn
@@ -94,7 +105,7 @@ def pick_due(now_ms: int, limit: int, failing_limit: int | None, most: int) -> l
     """The event and subscription ids of up to `limit` deliveries to claim now, in turn order (module
     docstring); `most`: the most attempts in flight to one subscription."""
     failing = limit if failing_limit is None else failing_limit
-    params = (now_ms, now_ms, most, most, *[now_ms] * 6, limit, failing, limit)
+    params = (now_ms, now_ms, most, most, now_ms, now_ms, limit, now_ms, *[now_ms] * 3, failing, limit)
     return [(row["event_id"], row["subscription_id"]) for row in select_rows(_PICK, params, **SQL_CONDITIONS)]
 
 
