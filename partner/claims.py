@@ -31,19 +31,28 @@ work, of the deliveries it could take and of attempts in flight, not the number 
 nor of finished ones: no step searches an index that history grows (bench/state_scale).
 """
 
+from typing import NamedTuple
+
 from models import SQL_CONDITIONS, allowance
 from partner.database import select_rows
 
 # Portable (SQLite 3.35+ and PostgreSQL 12+: recursive CTEs, row values, window functions,
 # MATERIALIZED), run by database.select_rows. The state conditions are the partial indexes' own,
-# word for word. busy, rooms and heads are MATERIALIZED, so each is read once: inlined, a newer
-# SQLite inlines busy at each of its uses, and the heads' subqueries would run at each use of a
-# column. `candidates` walks on from each head, in claim order (due time, seq: the index's own, so
-# each step reads one entry; two deliveries sharing both are offered one per claim), up to its
-# room and its `depth`: a subscription's k-th candidate comes after its own k - 1 and after the
-# head of every subscription of its organization (and failing-ness: the failing cap never removes
-# those) that has as few in flight, so past `limit` of them it could never be taken. Without that
-# bound, a hundred subscriptions of one organization each offered a claim of 8 slots up to 8.
+# word for word. busy, rooms, dues and levels are MATERIALIZED, so each is read once: inlined, a
+# newer SQLite inlines busy at each of its uses, and the subqueries would run at each use of a
+# column. From each subscription's head the walk goes on in claim order (due time, seq: the index's
+# own, so each step reads one entry; two deliveries sharing both are offered one per claim), up to
+# its room and its `depth`.
+# What is left out changes nothing taken, nor its order (tests/test_fair_claims.py checks the whole
+# rule against a model of it): a claim of `limit` slots never takes a candidate that `limit` steady
+# ones of its organization come before (of subscriptions whose last attempt succeeded: the failing
+# cap never removes those), nor any after it. `levels` counts the steady heads of each organization
+# by attempts in flight: a head with `limit` of them at fewer in flight (`below`) is not read further,
+# and those with as many or fewer (`beside`) all come before a subscription's second, as a steady
+# subscription's own earlier ones come before its next. So a steady one's walk stops at `limit` less
+# `beside`, a failing one's at its head once `beside` reaches `limit`. Without these bounds, a hundred
+# subscriptions of one organization, each allowed several in flight, made every claim of 8 slots
+# read a hundred heads and walk up to 8 deep from each.
 _NEXT = ("(SELECT {column} FROM delivery WHERE subscription_id = c.subscription_id AND {open} AND due_at <= {p} "
          "AND (due_at, seq) > (c.due_at, c.seq) ORDER BY due_at, seq LIMIT 1)")
 _FIRST = ("(SELECT {column} FROM delivery WHERE subscription_id = r.id AND {open} AND due_at <= {p} "
@@ -67,17 +76,26 @@ rooms AS MATERIALIZED (
            COALESCE(flying.n, 0) AS flying, (""" + allowance("s") + """) - COALESCE(flying.n, 0) AS room
     FROM queued JOIN subscription AS s ON s.id = queued.id LEFT JOIN flying ON flying.subscription_id = s.id
     WHERE s.deleted_at IS NULL),
-heads AS MATERIALIZED (
-    SELECT r.id AS subscription_id, r.org, r.failing, r.flying, r.room, """ + ", ".join(
-        _FIRST.replace("{column}", column) + " AS " + column for column in ("due_at", "event_id")) + """
+dues AS MATERIALIZED (
+    SELECT r.id AS subscription_id, r.org, r.failing, r.flying, r.room,
+           CASE WHEN r.failing THEN 0 ELSE 1 END AS steady, """ + _FIRST.replace("{column}", "due_at") + """ AS due_at
     FROM rooms AS r WHERE r.room > 0),
+levels AS MATERIALIZED (
+    SELECT org, flying, SUM(steady) AS steady FROM dues WHERE due_at IS NOT NULL GROUP BY org, flying),
 reach AS (
-    SELECT heads.*, {p} + 1 - COUNT(*) OVER (PARTITION BY org, failing ORDER BY flying) AS depth
-    FROM heads WHERE event_id IS NOT NULL),
+    SELECT dues.*, (SELECT SUM(levels.steady) FROM levels WHERE levels.org = dues.org AND levels.flying <= dues.flying)
+                   - dues.steady AS beside,
+           (SELECT COALESCE(SUM(levels.steady), 0) FROM levels
+            WHERE levels.org = dues.org AND levels.flying < dues.flying) AS below
+    FROM dues WHERE due_at IS NOT NULL),
+walks AS (
+    SELECT reach.*, CASE WHEN failing THEN CASE WHEN beside >= {p} THEN 1 ELSE {p} END ELSE {p} - beside END AS depth
+    FROM reach WHERE below < {p}),
 candidates (subscription_id, org, failing, flying, room, depth, nth, due_at, seq, event_id) AS (
     SELECT subscription_id, org, failing, flying, room, depth, 1, due_at,
-           CASE WHEN room > 1 AND depth > 1 THEN """ + _FIRST.replace("{column}", "seq").replace("r.id", "reach.subscription_id") + """ END,
-           event_id FROM reach
+           CASE WHEN room > 1 AND depth > 1 THEN """ + _FIRST.replace("{column}", "seq").replace("r.id", "walks.subscription_id") + """ END,
+           """ + _FIRST.replace("{column}", "event_id").replace("r.id", "walks.subscription_id") + """
+    FROM walks
     UNION ALL
     SELECT c.subscription_id, c.org, c.failing, c.flying, c.room, c.depth, c.nth + 1, """ + ", ".join(
         _NEXT.replace("{column}", column) for column in ("due_at", "seq", "event_id")) + """
@@ -89,7 +107,7 @@ turns AS (
 ranked AS (
     SELECT turns.*, ROW_NUMBER() OVER (PARTITION BY failing ORDER BY turn, due_at, event_id) AS failing_nth
     FROM turns)
-SELECT event_id, subscription_id FROM ranked WHERE NOT failing OR failing_nth <= {p}
+SELECT event_id, subscription_id, room FROM ranked WHERE NOT failing OR failing_nth <= {p}
 ORDER BY turn, due_at, event_id LIMIT {p}
 """
 # A due delivery of a subscription that is neither deleted nor held for a Retry-After.
@@ -101,12 +119,20 @@ _NEXT_DUE = ("SELECT MIN(at) AS due_at FROM (SELECT MIN(due_at) AS at FROM deliv
              "UNION ALL SELECT MIN(paused_until) AS at FROM subscription WHERE paused_until > {p}) AS ends")
 
 
-def pick_due(now_ms: int, limit: int, failing_limit: int | None, most: int) -> list[tuple[str, str]]:
-    """The event and subscription ids of up to `limit` deliveries to claim now, in turn order (module
-    docstring); `most`: the most attempts in flight to one subscription."""
+class Pick(NamedTuple):
+    """A delivery chosen to claim, and how many its subscription could be given now (its room)."""
+    event_id: str
+    subscription_id: str
+    room: int
+
+
+def pick_due(now_ms: int, limit: int, failing_limit: int | None, most: int) -> list[Pick]:
+    """Up to `limit` deliveries to claim now, in turn order (module docstring); `most`: the most
+    attempts in flight to one subscription."""
     failing = limit if failing_limit is None else failing_limit
-    params = (now_ms, now_ms, most, most, now_ms, now_ms, limit, now_ms, *[now_ms] * 3, failing, limit)
-    return [(row["event_id"], row["subscription_id"]) for row in select_rows(_PICK, params, **SQL_CONDITIONS)]
+    params = (now_ms, now_ms, most, most, now_ms, limit, limit, limit, limit, now_ms, now_ms, *[now_ms] * 3, failing, limit)
+    return [Pick(row["event_id"], row["subscription_id"], row["room"])
+            for row in select_rows(_PICK, params, **SQL_CONDITIONS)]
 
 
 def any_due(now_ms: int) -> bool:

@@ -34,10 +34,11 @@ way when an auto-disable dead-lettered it (it keeps its lease), held by its reco
 import logging
 import secrets
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 
 from models import IS_OPEN, LIVE_SUBSCRIPTION, SQL_CONDITIONS, Delivery, Failure, Subscription, allowance
-from partner.claims import pick_due
+from partner.claims import Pick, pick_due
 from partner.concurrency import push_back, widen
 from partner.config import DEFAULTS
 from partner.database import is_sqlite, new_id, run_sql, select_rows, value_rows, write_transaction
@@ -127,7 +128,7 @@ class Claim:
     url: str
     secret: str = field(repr=False)  # a repr may reach a log line or a traceback
     failing: bool = False  # when claimed, the subscription's last attempt had failed: a failing slot
-    may_widen: bool = False  # when claimed, its limit was adaptive and below the most (concurrency.widen)
+    may_widen: bool = False  # this claim filled its subscription's adaptive limit, below the most (_filled)
     # When the lease began, on time.monotonic: the outcome must be written before it ends.
     claimed_at: float = field(default_factory=time.monotonic)
 
@@ -172,25 +173,37 @@ def claim_due(now_ms: int, limit: int, lease_ms: int, failing_limit: int | None 
     token = secrets.token_hex(11)  # 22 characters; a tenth of random_token's cost, once per scan
     locks = {"lock": ""} if is_sqlite() else {"lock": " FOR UPDATE SKIP LOCKED", "live": _HELD_LIVE}
     with write_transaction(durable=False):
-        ids = [event_id for event_id, subscription_id in (picked if is_sqlite() else _our_turn(picked))]
-        if not ids:
+        ours = picked if is_sqlite() else _our_turn(picked)
+        if not ours:
             return []
+        ids = [pick.event_id for pick in ours]
         taken = run_sql(_TAKE, (Delivery.IN_FLIGHT, now_ms + lease_ms, token, *ids, now_ms, now_ms, most, most, now_ms),
                         ids=len(ids), **{**SQL_CONDITIONS, **locks}).rowcount
         if not taken:
             return []
         rows = {row["event_id"]: row for row in select_rows(_CLAIMED, (most, *ids, token), ids=len(ids))}
+        _filled(ours, rows)
         return _attemptable([rows[event_id] for event_id in ids if event_id in rows], token,
                             now_ms, lease_ms, RetryPolicy([], auto_disable_threshold))
 
 
-def _our_turn(picked: list[tuple[str, str]]) -> list[tuple[str, str]]:
+def _filled(picked: list[Pick], rows: dict[str, dict]) -> None:
+    """Whether each claim may widen its subscription's limit when it succeeds: only if this claim
+    filled the subscription's room, so it is held at its limit. One the fair share or the free
+    slots kept below it is not, and its outcome need not look (concurrency.widen)."""
+    taken = Counter(row["subscription_id"] for row in rows.values())
+    room = {pick.subscription_id: pick.room for pick in picked}
+    for row in rows.values():
+        row["may_widen"] = row["may_widen"] and taken[row["subscription_id"]] >= room[row["subscription_id"]]
+
+
+def _our_turn(picked: list[Pick]) -> list[Pick]:
     """PostgreSQL: the picked deliveries of the subscriptions whose turn this claim took (_TAKE_TURN),
     until its transaction ends."""
-    subscriptions = sorted({subscription_id for _, subscription_id in picked})
+    subscriptions = sorted({pick.subscription_id for pick in picked})
     ours = {row["id"] for row in select_rows(_TAKE_TURN, (*subscriptions, CLAIM_LOCK_CLASS),
                                              rows=value_rows(len(subscriptions), 1))}
-    return [pick for pick in picked if pick[1] in ours]
+    return [pick for pick in picked if pick.subscription_id in ours]
 
 
 def _attemptable(rows: list[dict], token: str, now_ms: int, lease_ms: int, policy: RetryPolicy) -> list[Claim]:
