@@ -1,25 +1,16 @@
 """The application factory and the HTTP API: thin routes that parse, call one domain function, shape."""
 
+import functools
 import logging
-import os
-from typing import NoReturn
 
-import click
 from flask import Blueprint, Flask, current_app, g, request
 from playhouse.shortcuts import model_to_dict
 from werkzeug.exceptions import NotFound
 from werkzeug.middleware.proxy_fix import ProxyFix
 
 from delivery import Dispatcher
-from models import DatabaseTooOld, db, open_database
-from partner import sealing
-from partner.availability import database_outage, describe, is_unavailable
-from partner.backup import hold_serving_lock, sqlite_path
 from partner.config import load_config
-from partner.database import probe_write
 from partner.edge.apidocs import docs
-from partner.encryption import check_stored_keys
-from partner.errors import StartRefused
 from partner.edge.auth import authenticate, require_scope
 from partner.edge.health import install_health
 from partner.edge.ops_port import install_ops_port
@@ -28,14 +19,14 @@ from partner.edge.problems import register_error_handlers
 from partner.edge.ratelimit import RateLimits
 from partner.edge.request_ids import install_request_ids
 from partner.edge.response_headers import install_response_headers
-from partner.edge.validation import Field, read_json_object, validate
+from partner.edge.json_body import read_json_object
+from partner.validation import Field, validate
 from partner.keys import IDENTITY_READ, WEBHOOKS_MANAGE
-from partner.migrations import SchemaTooNew
-from partner.operator.cli import (AS_IT_IS, COMMANDS, NEEDS_KEYS, NEEDS_NOTHING, REPLACES_THE_FILE, only_shows_help,
-                                  runs_a_command)
-from partner.operator.logs import database_name
-from partner.outbound.dns import Lookups
 from partner.events import TEST_PING, failures_page, trigger_test_ping
+from partner.operator.cli import COMMANDS
+from partner.outbound.dns import Lookups
+from partner.startup import refuse
+from partner.store.connection import bind, db
 from partner.subscriptions import (create_subscription, delete_subscription, find_subscription, list_subscriptions,
                                    subscription_fields)
 from partner.timestamps import iso, now_ms, to_ms
@@ -50,20 +41,21 @@ api = Blueprint("api", __name__, url_prefix="/api/v1/partner")
 
 
 def create_app(overrides: dict | None = None) -> Flask:
-    """Build the app: configuration, database (schema applied), rate limits, routes, CLI.
-    Starts no thread: the delivery scheduler is started by the server's worker hook."""
+    """Build the app: configuration, extensions, routes, CLI. Opens no file and no connection, and
+    starts no thread: partner/startup.py is the start-up step, and the delivery scheduler is started
+    by the server's worker hook."""
     app = Flask(__name__)
     try:
         load_config(app, overrides)
-        dispatcher = Dispatcher(app.config)  # loads PARTNER_DELIVERY_CA_BUNDLE
     except ValueError as error:
-        _refuse(error, "refusing to start: %s", error)
+        refuse(error, "refusing to start: %s", error)
     if app.config["ALLOWED_NETWORKS"]:
         log.warning("webhook targets in %s are exempt from the internal-address block",
                     ", ".join(map(str, app.config["ALLOWED_NETWORKS"])))
-    _open_storage(app)
+    app.extensions["database"] = bind(app.config["DATABASE_URL"])
+    app.extensions["cursor_key"] = functools.cache(cursor_key)  # read at its first use
     app.extensions["rate_limits"] = RateLimits(app)
-    app.extensions["delivery"] = dispatcher
+    app.extensions["delivery"] = Dispatcher(app.config)
     lookups = Lookups(app.config["RESOLVER"], threads=8)
     app.extensions["subscription_fields"] = subscription_fields(
         lookups.within(CREATE_LOOKUP_SECONDS), app.config["ALLOWED_NETWORKS"])
@@ -79,95 +71,7 @@ def create_app(overrides: dict | None = None) -> Flask:
     app.register_blueprint(docs)
     for group in COMMANDS:
         app.cli.add_command(group)
-    # No connection outlives start-up: with gunicorn --preload this process forks the workers, and an
-    # SQLite connection must never be used on both sides of a fork.
-    if "database" in app.extensions:  # not opened for `flask encryption new-key`, nor for help
-        db.close_idle()
     return app
-
-
-def _open_storage(app: Flask) -> None:
-    """The keys and the database, as this process needs them: a service (or an operator's command)
-    migrates the database and refuses what it cannot serve; a schema command takes the database as
-    it is, with keys only if it may open a secret; `flask encryption new-key` and help need neither."""
-    if runs_a_command(NEEDS_NOTHING) or only_shows_help():
-        return
-    url = app.config["DATABASE_URL"]
-    if runs_a_command(AS_IT_IS):  # it reads or changes the database as it is, and serves nothing
-        _refuse_a_missing_file(url)
-        if runs_a_command(NEEDS_KEYS):
-            _load_keys(app)
-        app.extensions["database"] = _open_database(url, migrate=False)
-        return
-    _load_keys(app)
-    if url.startswith("sqlite"):  # `flask db restore` refuses while held
-        hold_serving_lock(sqlite_path(url))
-    app.extensions["database"] = _open_database(url, migrate=True)
-    _say_if_the_database_cannot_write(app)
-    with db.connection_context():
-        _refuse_unknown_keys(app)
-        app.extensions["cursor_key"] = cursor_key()
-
-
-def _refuse_a_missing_file(url: str) -> None:
-    # Opening it would make an empty database, which a mistyped path would then back up or report
-    # on as if it were the real one.
-    if url.startswith("sqlite") and not runs_a_command(REPLACES_THE_FILE) and not os.path.exists(sqlite_path(url)):
-        _refuse(FileNotFoundError(sqlite_path(url)), "no database at %s: a service makes a new one at its "
-                "first start", sqlite_path(url))
-
-
-def _open_database(url: str, migrate: bool):
-    """open_database, saying in one line which database could not be opened (or is too new) and why."""
-    try:
-        return open_database(url, migrate)
-    except (SchemaTooNew, DatabaseTooOld) as error:
-        _refuse(error, "database %s refused: %s", database_name(url), error)
-    except Exception as error:
-        if is_unavailable(error):
-            _refuse(error, "database %s cannot be opened (%s): the service cannot start until it can (SQLite "
-                    "on a full disk: free room for its -wal and -shm files)", database_name(url), describe(error))
-        raise
-
-
-def _refuse(error: Exception, message: str, *args) -> NoReturn:
-    """Say in one line why the service cannot start. A `flask` command then exits 1 without a
-    traceback (the line says it all); elsewhere StartRefused is raised (wsgi.py: gunicorn stops)."""
-    log.error(message, *args)
-    if click.get_current_context(silent=True) is not None:
-        raise click.exceptions.Exit(1) from error
-    raise StartRefused(message % args) from error
-
-
-def _load_keys(app: Flask) -> None:
-    """The keys that seal webhook secrets; a setting that cannot be used is refused in one line."""
-    url = app.config["DATABASE_URL"]
-    key_file = app.config["ENCRYPTION_KEY_FILE"] or os.path.join(app.instance_path, "encryption.key")
-    try:
-        sealing.use(sealing.load_keyring(app.config["ENCRYPTION_KEYS"], key_file, url.startswith("sqlite")))
-    except sealing.SealingError as error:
-        _refuse(error, "refusing to start: %s", error)
-
-
-def _refuse_unknown_keys(app: Flask) -> None:
-    try:
-        check_stored_keys()
-    except sealing.SealingError as error:
-        _refuse(error, "database %s refused: %s", database_name(app.config["DATABASE_URL"]), error)
-
-
-def _say_if_the_database_cannot_write(app: Flask) -> None:
-    # The process still starts: reads, /healthz and /readyz (not ready) must answer, and writes
-    # succeed again by themselves once the database takes them.
-    try:
-        with db.connection_context():
-            probe_write()
-    except Exception as error:  # noqa: BLE001 - sorted by is_unavailable, the rest re-raised
-        if not is_unavailable(error):
-            raise
-        database_outage.failed(error)  # /readyz says not ready until a write commits
-        log.error("database %s cannot take a write now (%s): API writes answer 503 and /readyz reports "
-                  "not ready until it can", database_name(app.config["DATABASE_URL"]), describe(error))
 
 
 def _trust_proxies(app: Flask, hops: int) -> None:
@@ -238,7 +142,7 @@ def subscription_json(row: dict, include_secret: bool = False) -> dict:
 
 
 def page_json(rows, position, scope: str, shape) -> dict:
-    key = current_app.extensions["cursor_key"]
+    key = current_app.extensions["cursor_key"]()
     return {"data": [shape(row) for row in rows], "next_cursor": encode_cursor(key, scope, position)}
 
 
@@ -258,7 +162,7 @@ def create_webhook():
 def list_webhooks():
     org_id = g.caller.organization.id
     scope = f"subscriptions:{org_id}"
-    limit, position = read_page_args(request.args, current_app.extensions["cursor_key"], scope)
+    limit, position = read_page_args(request.args, current_app.extensions["cursor_key"](), scope)
     rows, next_position = list_subscriptions(org_id, position, limit)
     return page_json(rows, next_position, scope, subscription_json)
 
@@ -312,6 +216,6 @@ def failure_json(row: dict) -> dict:
 def list_failures(subscription_id: str):
     subscription = find_subscription(g.caller.organization.id, subscription_id)
     scope = f"failures:{subscription.id}"
-    limit, position = read_page_args(request.args, current_app.extensions["cursor_key"], scope)
+    limit, position = read_page_args(request.args, current_app.extensions["cursor_key"](), scope)
     rows, next_position = failures_page(subscription, position, limit)
     return page_json(rows, next_position, scope, failure_json)

@@ -13,6 +13,7 @@ once they leave the other half to the healthy ones.
 """
 
 import dataclasses
+import functools
 import logging
 import random
 import threading
@@ -22,13 +23,13 @@ from datetime import datetime, timedelta, timezone
 
 from apscheduler.schedulers.background import BackgroundScheduler
 
-from models import db
+from partner.store.connection import db
 from partner import retention
-from partner.availability import database_failed, database_outage, describe, is_unavailable
-from partner.database import probe_write
+from partner.store.availability import database_failed, database_outage, describe, is_unavailable
+from partner.store.sql import probe_write
 from partner.claims import any_due, next_due_at
-from partner.group_commit import GroupCommit
-from partner.operator.attempts import log_attempt
+from partner.store.group_commit import GroupCommit
+from partner.telemetry.attempts import log_attempt
 from partner.outbound.sender import Sender
 from partner.outbox import Claim, Outcome, Recorded, claim_due, release, write_outcomes
 from partner.retry import MAX_JITTER, RetryPolicy
@@ -60,8 +61,7 @@ class Dispatcher:
     """Claims due deliveries into free slots of a thread pool and records each attempt."""
 
     def __init__(self, config):
-        self.clock = config["CLOCK"]
-        self.sender = Sender(config)
+        self.config, self.clock = config, config["CLOCK"]
         self.timeout = config["DELIVERY_TIMEOUT"]
         self.policy = RetryPolicy(config["DELIVERY_RETRY_DELAYS"], config["AUTO_DISABLE_THRESHOLD"])
         self.concurrency = config["DELIVERY_CONCURRENCY"]
@@ -87,6 +87,12 @@ class Dispatcher:
         self._scan_backoff = 0.0
         self._next_scan_at = 0.0  # time.monotonic(); later while the database fails
         self._rescan_in = 0.0  # seconds until the next scan while due deliveries wait elsewhere
+
+    @functools.cached_property
+    def sender(self) -> Sender:
+        """Built at first use, not with the app: it loads PARTNER_DELIVERY_CA_BUNDLE (ValueError if it
+        cannot), which the start-up step checks before serving."""
+        return Sender(self.config)
 
     # --- lifecycle -----------------------------------------------------------------------------
 

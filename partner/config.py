@@ -5,9 +5,12 @@ import time
 
 from flask import Flask
 
-from partner.operator.logs import FORMATS
+from partner.telemetry.logs import FORMATS
 from partner.outbound import ssrf
-from partner.retention import MAX_DAYS
+
+# PARTNER_RETENTION_DAYS at most: a century. Any age past it is "keep everything", and the cutoff stays
+# a time a datetime can show.
+MAX_DAYS = 36_500
 
 DEFAULTS = {
     "DATABASE_URL": "sqlite:///instance/partner.sqlite3",

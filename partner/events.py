@@ -8,7 +8,7 @@ import uuid
 from peewee import Tuple
 
 from models import SQL_CONDITIONS, Delivery, Event, Failure, Subscription
-from partner.database import page_of, run_sql, write_transaction
+from partner.store.sql import page_of, run_sql, write_transaction
 from partner.errors import ApiError
 from partner.subscriptions import find_subscription
 from partner.timestamps import iso

@@ -7,7 +7,7 @@ import secrets
 from dataclasses import dataclass, field
 
 from models import ApiKey, Organization
-from partner.database import is_sqlite, new_id, random_token, select_rows, write_transaction
+from partner.store.sql import is_sqlite, new_id, random_token, select_rows, write_transaction
 from partner.errors import ValidationError, field_error
 
 KEY_PREFIX = "vck_"

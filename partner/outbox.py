@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from models import IS_OPEN, LIVE_SUBSCRIPTION, SQL_CONDITIONS, Delivery, Failure, Subscription
 from partner.claims import pick_due
 from partner.config import DEFAULTS
-from partner.database import is_sqlite, new_id, run_sql, select_rows, value_rows, write_transaction
+from partner.store.sql import is_sqlite, new_id, run_sql, select_rows, value_rows, write_transaction
 from partner.outbound.transport import AttemptResult
 from partner.retry import RetryPolicy
 from partner.sealing import SealingError, open_secret

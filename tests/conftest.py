@@ -8,13 +8,12 @@ import threading
 import pytest
 import trustme
 
-from app import create_app
 from partner.keys import create_key
 from models import db
 from partner import sealing
 from tests.contract import ContractClient
 from tests.receivers import RawServer, Receiver
-from tests.support import ENCRYPTION_KEYS, PUBLIC_IP, WEBHOOKS, FakeClock, StubResolver, bearer, json_of
+from tests.support import ENCRYPTION_KEYS, started_app, PUBLIC_IP, WEBHOOKS, FakeClock, StubResolver, bearer, json_of
 
 ALLOWED_LOOPBACK = ["127.0.0.0/8"]
 
@@ -90,7 +89,7 @@ def config(request, database_url, clock, resolver):
 
 @pytest.fixture
 def app(config):
-    app = create_app(config)
+    app = started_app(config)
     app.test_client_class = ContractClient  # every response is checked against openapi.yaml
     return app
 

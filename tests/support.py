@@ -7,9 +7,13 @@ import threading
 import time
 from collections.abc import Callable
 
+from app import create_app
 from models import Delivery, Event, Subscription, db
 from partner import sealing
 from partner.outbox import Outcome, Recorded, write_outcomes
+from partner.startup import start_service
+from partner.store import migrations
+from partner.store.connection import bind, make_directory, require_supported
 
 API = "/api/v1/partner"
 ME = f"{API}/me"
@@ -23,6 +27,24 @@ PUBLIC_URL = "https://hooks.partner.example/h"  # resolves to PUBLIC_IP through 
 ENCRYPTION_KEYS = ["c3VpdGUta2V5LW5vdC1zZWNyZXQtMzItYnl0ZXMhISE"]
 # A second key, for rotations: put first, it seals, and the suite's key only opens.
 NEW_ENCRYPTION_KEY = "bmV3LWtleS1mb3ItdGhlLXJvdGF0aW9uLXRlc3QhISE"
+
+
+def open_database(url: str):
+    """Bind the process's database to `url` and bring its schema up to date, as a start does."""
+    make_directory(url)
+    database = bind(url)
+    require_supported(database)
+    migrations.upgrade(database)
+    return database
+
+
+def started_app(config: dict):
+    """An app built and started as a service start does (partner/startup.py): the database checked,
+    migrated and given its cursor key."""
+    app = create_app(config)
+    start_service(app)
+    return app
+
 
 def bearer(key: str) -> dict:
     """The Authorization header carrying `key`."""

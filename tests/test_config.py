@@ -6,6 +6,7 @@ import time
 import pytest
 
 from app import create_app
+from tests.support import started_app
 from partner.errors import StartRefused
 from partner.outbound import ssrf
 from tests.gunicorn_server import run_flask
@@ -30,7 +31,7 @@ def test_a_bundle_without_certificates_stops_start_up(config, tmp_path):
     not_pem = tmp_path / "ca.pem"
     not_pem.write_text("not a certificate\n")
     with pytest.raises(StartRefused, match="PARTNER_DELIVERY_CA_BUNDLE"):
-        create_app({**config, "DELIVERY_CA_BUNDLE": str(not_pem)})
+        started_app({**config, "DELIVERY_CA_BUNDLE": str(not_pem)})
 
 
 def test_the_clock_and_the_resolver_are_never_read_from_the_environment(monkeypatch, database_url):

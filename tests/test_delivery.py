@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from partner import outside_text
+from partner import safe_text
 import signing
 from partner.outbox import claim_due
 from models import Delivery, Failure, Subscription, db
@@ -502,7 +502,7 @@ POISON_TEXT = "\ufffderror\ufffd\ufffd\ufffd\ufffd[31m\ufffd"  # one POISON unit
 HOSTILE = [  # (behaviour, http_status, error, the excerpt stored or a check of it)
     pytest.param(nul_and_invalid_utf8, 500, "http_status", POISON_TEXT * 37 + POISON_TEXT[:-1], id="nul"),
     pytest.param(gzip_bombed, 500, "http_status",
-                 lambda excerpt: excerpt == outside_text.excerpt(gzip_bomb()) and "AAAA" not in excerpt,
+                 lambda excerpt: excerpt == safe_text.excerpt(gzip_bomb()) and "AAAA" not in excerpt,
                  id="gzip-bomb"),
     pytest.param(ten_megabytes, 502, "http_status", "€" * 341, id="10-mb-body"),
     pytest.param(dripped_headers, None, "timeout", "", id="dripped-headers"),

@@ -11,10 +11,10 @@ import stat
 import pytest
 
 import signing
-from app import create_app
+from tests.support import started_app
 from models import Event, Subscription, db
 from partner import sealing
-from partner.encryption import check_stored_keys
+from partner.resealing import check_stored_keys
 from partner.errors import StartRefused
 from tests.support import ENCRYPTION_KEYS, NEW_ENCRYPTION_KEY, assert_unavailable, ping_as
 from tests.test_migrations import assert_no_plaintext_secret
@@ -34,7 +34,7 @@ def key_id(key: str) -> str:
 def start(config):
     """create_app on the test's database with these keys (a restart with a new setting)."""
     def start(keys):
-        return create_app({**config, "ENCRYPTION_KEYS": keys})
+        return started_app({**config, "ENCRYPTION_KEYS": keys})
     return start
 
 
@@ -144,17 +144,17 @@ def test_an_unusable_key_setting_is_refused_at_start_up(start, keys):
 def test_without_keys_sqlite_uses_a_key_file_made_once_with_mode_0600(config, tmp_path, backend, caplog):
     if backend != "sqlite":
         with pytest.raises(StartRefused, match="PARTNER_ENCRYPTION_KEYS is not set"):
-            create_app({**config, "ENCRYPTION_KEYS": None})
+            started_app({**config, "ENCRYPTION_KEYS": None})
         return
     key_file = tmp_path / "instance" / "encryption.key"
     settings = {**config, "ENCRYPTION_KEYS": None, "ENCRYPTION_KEY_FILE": str(key_file)}
-    create_app(settings)
-    create_app(settings)  # the second start reads the same file
+    started_app(settings)
+    started_app(settings)  # the second start reads the same file
     assert stat.S_IMODE(os.stat(key_file).st_mode) == 0o600
     warnings = [r for r in caplog.records if "PARTNER_ENCRYPTION_KEYS is not set" in r.getMessage()]
     assert len(warnings) == 1 and warnings[0].levelname == "WARNING"
     with db.connection_context():
-        check_stored_keys()  # the file's key is the one in use
+        check_stored_keys(db.obj)  # the file's key is the one in use
 
 
 def _load_key_file(path: str, start: multiprocessing.synchronize.Barrier, keys: multiprocessing.Queue) -> None:

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from partner.operator.logs import logging_config
+from partner.telemetry.logs import logging_config
 from tests.gunicorn_server import Gunicorn
 from tests.support import raw_exchange
 

@@ -126,9 +126,9 @@ def stoppable_postgres():
 
 
 def test_readyz_is_503_when_postgresql_is_down(stoppable_postgres, clock, resolver):
-    from app import create_app
+    from tests.support import started_app
     url = stoppable_postgres.url(stoppable_postgres.create_schema())
-    app = create_app({"DATABASE_URL": url, "CLOCK": clock, "RESOLVER": resolver,
+    app = started_app({"DATABASE_URL": url, "CLOCK": clock, "RESOLVER": resolver,
                       "SCHEDULER_ENABLED": False})
     client = app.test_client()
     assert client.get("/readyz").get_json()["database"] == "ok"
@@ -181,14 +181,14 @@ def test_error_responses_carry_the_request_id_too(client, auth):
 @pytest.mark.parametrize("name, bad", [("LOG_FORMAT", "xml"), ("RETENTION_DAYS", 0), ("OPS_PORT", 0), ("OPS_PORT", "9100"),
                                        ("RETENTION_DAYS", "30")])
 def test_a_bad_operations_setting_stops_start_up_naming_it(config, name, bad):
-    from app import create_app
+    from tests.support import started_app
     with pytest.raises(StartRefused, match=f"PARTNER_{name}"):
-        create_app({**config, name: bad})
+        started_app({**config, name: bad})
 
 
 def test_with_an_ops_port_a_server_without_gunicorn_sorts_requests_by_its_own_port(config):
-    from app import create_app
-    client = create_app({**config, "OPS_PORT": 9100}).test_client()
+    from tests.support import started_app
+    client = started_app({**config, "OPS_PORT": 9100}).test_client()
     assert client.get("/healthz", base_url="http://localhost:9100").status_code == 200
     assert_problem(client.get("/healthz"), 404, "not_found")
     assert_problem(client.get(WEBHOOKS, base_url="http://localhost:9100"), 404, "not_found")

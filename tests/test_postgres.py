@@ -9,13 +9,15 @@ import pytest
 from peewee import PostgresqlDatabase
 
 import models
-from partner import encryption, migrations, sealing
+from partner import resealing, sealing
+from partner.store import migrations
 from tests import support
 from partner.errors import ValidationError
 from partner.keys import create_key, revoke_key, rotate_key
-from models import ApiKey, Delivery, Event, Failure, Organization, Setting, Subscription, db, open_database
-from partner.database import is_sqlite
-from partner.database import write_transaction
+from models import ApiKey, Delivery, Event, Failure, Organization, Setting, Subscription, db
+from tests.support import open_database
+from partner.store.sql import is_sqlite
+from partner.store.sql import write_transaction
 from partner.outbound.transport import AttemptResult
 from partner.events import enqueue_test_ping
 from partner.outbox import Outcome, _held, claim_due, write_outcomes
@@ -308,7 +310,7 @@ def test_a_key_rotation_never_waits_in_a_cycle_with_a_batch_of_outcomes(database
     errors = race_behind(
         postgres_url, held_delivery(claims[low.id].event_id),
         (connected(lambda: recorded.extend(write_outcomes(batch, RetryPolicy([60], 20)))), sessions_waiting(1)),
-        (connected(encryption.rotate), lambda watcher: sessions_waiting(2)(watcher) or low_resealed(watcher)))
+        (connected(resealing.rotate), lambda watcher: sessions_waiting(2)(watcher) or low_resealed(watcher)))
     assert errors == []
     assert [outcome.recorded for outcome in recorded] == [True, True] and Failure.select().count() == 2
     assert {subscription.secret_key_id for subscription in Subscription.select()} == {new_key_id}
@@ -402,7 +404,7 @@ def test_a_key_rotation_waits_for_a_held_row_and_says_so(database, postgres_url,
                    for record in caplog.records)
     rotated = []
     errors = race_behind(postgres_url, [("SELECT 1 FROM subscription WHERE id = %s FOR UPDATE", (held.id,))],
-                         (connected(lambda: rotated.append(encryption.rotate())), waiting_for_it))
+                         (connected(lambda: rotated.append(resealing.rotate())), waiting_for_it))
     assert errors == []
     assert rotated[0].resealed == 2
     assert {s.secret_key_id for s in Subscription.select()} == {rotated[0].key_id}

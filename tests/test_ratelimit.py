@@ -67,9 +67,9 @@ def test_failed_authentications_are_limited_per_client_address(app, client):
 
 
 def test_an_unreachable_storage_fails_open(config, issue_key):
-    from app import create_app
+    from tests.support import started_app
     config["RATELIMIT_STORAGE_URI"] = "redis://127.0.0.1:1/0"  # nothing listens on port 1
-    client = create_app(config).test_client()
+    client = started_app(config).test_client()
     key = issue_key()  # the key lives in the same database file
     response = get_me(client, key)
     assert response.status_code == 200

@@ -19,7 +19,7 @@ import pytest
 from partner.outbound.ssrf import Target
 from tests.receivers import RawServer, drip_bytes, read_request
 from partner.outbound.transport import AttemptResult, Deadline, Transport
-from partner.outside_text import EXCERPT_BYTES
+from partner.safe_text import EXCERPT_BYTES
 
 HOOK_HOST = "hooks.example.test"  # .test never resolves: a request that arrives used no DNS
 HEADERS = {

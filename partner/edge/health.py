@@ -10,9 +10,9 @@ import time
 
 from flask import Blueprint, Flask, current_app, g, request
 
-from partner.operator import metrics
-from partner.availability import database_outage
-from partner.backlog import DatabaseUnavailable, read_backlog
+from partner.telemetry import metrics
+from partner.store.availability import database_outage
+from partner.store.backlog import DatabaseUnavailable, read_backlog
 from partner.errors import ApiError
 from partner.timestamps import now_ms
 

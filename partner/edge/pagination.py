@@ -8,7 +8,7 @@ import json
 import secrets
 
 from models import Setting
-from partner.database import write_transaction
+from partner.store.sql import write_transaction
 from partner.errors import ValidationError, field_error
 
 DEFAULT_LIMIT = 20
@@ -17,10 +17,14 @@ _KEY_SETTING = "cursor_signing_key"
 
 
 def cursor_key() -> bytes:
-    """The service-wide key that signs cursors, generated once and kept in the database."""
-    with write_transaction():
-        Setting.insert(name=_KEY_SETTING, value=secrets.token_hex(32)).on_conflict_ignore().execute()
-        return bytes.fromhex(Setting.get_by_id(_KEY_SETTING).value)
+    """The service-wide key that signs cursors, generated once and kept in the database: written only
+    the first time, so that reading it needs no write lock."""
+    row = Setting.get_or_none(Setting.name == _KEY_SETTING)
+    if row is None:
+        with write_transaction():
+            Setting.insert(name=_KEY_SETTING, value=secrets.token_hex(32)).on_conflict_ignore().execute()
+        row = Setting.get_by_id(_KEY_SETTING)
+    return bytes.fromhex(row.value)
 
 
 def read_page_args(args, key: bytes, scope: str) -> tuple[int, list | None]:

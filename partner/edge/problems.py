@@ -7,7 +7,7 @@ from http import HTTPStatus
 from flask import Flask, Response, json
 from werkzeug.exceptions import HTTPException
 
-from partner.availability import database_failed, is_unavailable
+from partner.store.availability import database_failed, is_unavailable
 from partner.errors import ApiError
 from partner.sealing import SealingError
 

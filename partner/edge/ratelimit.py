@@ -19,8 +19,8 @@ from flask_limiter import Limiter
 from limits import RateLimitItemPerMinute
 
 from partner.errors import ApiError
-from partner.operator.metrics import RATE_LIMITED
-from partner.availability import Outage
+from partner.telemetry.metrics import RATE_LIMITED
+from partner.store.availability import Outage
 
 log = logging.getLogger(__name__)
 

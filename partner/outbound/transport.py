@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from urllib3 import BaseHTTPResponse, HTTPConnectionPool, Timeout
 from urllib3.exceptions import ConnectTimeoutError, HTTPError
 
-from partner import outside_text
+from partner import safe_text
 from partner.outbound.connections import attempt, client_tls_context, partner_pools
 from partner.outbound.ssrf import SCHEMES, Target
 
@@ -55,7 +55,7 @@ class AttemptResult:
     ok: bool  # True only for a 2xx received completely within the deadline
     http_status: int | None  # None when no status line came
     error: str | None  # None, "http_status", "timeout", "connection_error", "tls_error" or "redirect"
-    response_excerpt: str  # the body's start, cut by outside_text.excerpt (EXCERPT_BYTES once encoded)
+    response_excerpt: str  # the body's start, cut by safe_text.excerpt (EXCERPT_BYTES once encoded)
     duration_ms: int
 
 
@@ -128,7 +128,7 @@ class Transport:
             ok=error is None,
             http_status=reply.status,
             error=error,
-            response_excerpt=outside_text.excerpt(reply.body),
+            response_excerpt=safe_text.excerpt(reply.body),
             duration_ms=deadline.elapsed_ms(),
         )
 

@@ -4,14 +4,13 @@ The line is logged as the dispatcher's (logger `delivery`): operators filter on 
 
 import logging
 
-from partner.operator import metrics
-from partner.outbox import Outcome, Recorded
+from partner.telemetry import metrics
 
 log = logging.getLogger("delivery")
 
 
-def log_attempt(outcome: Outcome, recorded: Recorded) -> None:
-    """One line per attempt, and its metrics. The fields appear twice: in the text line, and as
+def log_attempt(outcome, recorded) -> None:
+    """One line per attempt (an outbox.Outcome and what was Recorded of it), and its metrics. The fields appear twice: in the text line, and as
     JSON keys under PARTNER_LOG_FORMAT=json."""
     claim, result, finished_at = outcome.claim, outcome.result, outcome.finished_at
     what = result.error or "delivered"  # the `outcome` of the log line and the metric

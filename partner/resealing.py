@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass
 
 from partner import sealing
-from partner.database import is_sqlite, run_sql, write_transaction
+from partner.store.sql import is_sqlite, run_sql, write_transaction
 
 log = logging.getLogger(__name__)
 
@@ -26,10 +26,13 @@ _RESEAL = ("UPDATE subscription SET secret_key_id = {p}, secret_sealed = {p} "
            "WHERE id = {p} AND secret_key_id = {p}")
 
 
-def check_stored_keys() -> None:
-    """Raise SealingError naming the first stored key id that no configured key has."""
+def check_stored_keys(database) -> None:
+    """Raise SealingError naming the first stored key id that no configured key has. A database from
+    before secrets were sealed (release 1.0, 1.1) has none."""
+    if "secret_key_id" not in {column.name for column in database.get_columns("subscription")}:
+        return
     ring = sealing.keyring()
-    for (key_id,) in run_sql("SELECT DISTINCT secret_key_id FROM subscription", ()).fetchall():
+    for (key_id,) in database.execute_sql("SELECT DISTINCT secret_key_id FROM subscription").fetchall():
         if key_id not in ring.ciphers:
             raise sealing.SealingError(f"webhook secrets are sealed under key id {key_id}, which "
                                        f"PARTNER_ENCRYPTION_KEYS does not hold: add that key back")

@@ -1,27 +1,15 @@
-"""Request validation as data: declare the fields, reject unknown ones, report every error at once."""
+"""The request body, read as the API reads every body: whole, bounded, and a JSON object naming each
+field once (I-JSON, RFC 7493)."""
 
 import json
 import logging
-from dataclasses import dataclass
-from typing import Any, Callable
 
 from flask import request
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
-from partner.errors import ApiError, ValidationError, field_error
+from partner.errors import ApiError
 
 log = logging.getLogger(__name__)
-
-# A check returns None when the value is fine, or (code, message).
-Check = Callable[[Any], tuple[str, str] | None]
-
-
-@dataclass(frozen=True)
-class Field:
-    name: str
-    required: bool = False
-    max_length: int | None = None
-    check: Check | None = None
 
 
 def read_json_object() -> dict:
@@ -53,32 +41,6 @@ def read_body() -> bytes:
     if beyond:
         raise RequestEntityTooLarge()
     return data
-
-
-def validate(body: dict, fields: tuple[Field, ...]) -> dict:
-    """Return the declared fields of `body` (absent optional ones as None), or raise one 422."""
-    errors = []
-    for field in fields:
-        error = _field_error(field, body.get(field.name), field.name in body)
-        if error:
-            errors.append(field_error(field.name, *error))
-    # After the declared fields' errors, so that a list cut short never hides one of those.
-    known = {field.name for field in fields}
-    errors += [field_error(name, "unknown_field", "This field is not accepted.")
-               for name in body if name not in known]
-    if errors:
-        raise ValidationError(errors)
-    return {field.name: body.get(field.name) for field in fields}
-
-
-def _field_error(field: Field, value: Any, present: bool) -> tuple[str, str] | None:
-    if not present or value is None:  # null means "not given", for every field
-        return ("required", "This field is required.") if field.required else None
-    if type(value) is not str:  # exact: a number is not a string
-        return "invalid_type", "This field must be a string."
-    if field.max_length is not None and len(value) > field.max_length:
-        return "too_long", f"This field is at most {field.max_length} characters."
-    return field.check(value) if field.check else None
 
 
 def _unique_names(pairs: list[tuple]) -> dict:

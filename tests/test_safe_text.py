@@ -1,8 +1,8 @@
-"""outside_text: NUL and C0 controls replaced, excerpts bounded in bytes on a character boundary."""
+"""safe_text: NUL and C0 controls replaced, excerpts bounded in bytes on a character boundary."""
 
 import pytest
 
-from partner.outside_text import EXCERPT_BYTES, clean, excerpt, has_controls
+from partner.safe_text import EXCERPT_BYTES, clean, excerpt, has_controls
 
 
 @pytest.mark.parametrize("text, cleaned", [

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 import psycopg2
 from peewee import SqliteDatabase
 
-from models import OPEN_CONDITION, db
+from models import OPEN_CONDITION
+from partner.store.connection import db
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ import psycopg2
 from peewee import InterfaceError, OperationalError, SqliteDatabase
 from playhouse.pool import MaxConnectionsExceeded
 
-from models import db
+from partner.store.connection import db
 
 
 def describe(error: BaseException) -> str:

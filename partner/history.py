@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from peewee import fn
 
 from models import Delivery, Event, Failure, Subscription
-from partner.database import is_sqlite, write_transaction
+from partner.store.sql import is_sqlite, write_transaction
 from partner.errors import OperatorError
 from partner.subscriptions import LIVE
 

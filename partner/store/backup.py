@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from partner import migrations
+from partner.store import migrations
 from partner.errors import OperatorError
 
 POSTGRESQL_REFUSAL = ("the database is PostgreSQL: back it up with pg_dump -Fc and restore it with "
