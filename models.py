@@ -9,6 +9,7 @@ from peewee import (SQL, BigIntegerField, BlobField, BooleanField, DatabaseProxy
 from playhouse.db_url import connect
 
 from partner import migrations, sealing
+from partner.store import postgres
 from partner.operator.logs import QUERY_LOG_FILTER
 
 # WAL lets readers run beside the one writer; the busy timeout makes writers queue, not fail.
@@ -54,6 +55,7 @@ def open_database(url: str, migrate: bool = True, sqlite_version: tuple[int, ...
         url = f"{scheme}+pool://{rest}"
     database = connect(url, **params)
     if isinstance(database, PostgresqlDatabase):  # its version is known once connected
+        postgres.bound(database)
         with database.connection_context():
             version = postgresql_version(database.server_version)
         require_version("PostgreSQL", version, POSTGRESQL_FLOOR)

@@ -111,10 +111,20 @@ def database_failed(error: BaseException) -> None:
     if is_conflict(error):
         log.warning("transaction rolled back by the database, nothing changed (%s)", describe(error))
         return
-    database_outage.failed(error)
+    database_outage.failed(_failure_behind(error))
     close_idle = getattr(db.obj, "close_idle", None)
     if close_idle:
         close_idle()
+
+
+def _failure_behind(error: BaseException) -> BaseException:
+    """The failure that `error` stands for. A failed wait on PostgreSQL closes its connection, and
+    the ROLLBACK that follows fails with "connection already closed" (InterfaceError): the outage is
+    the first failure, not the second."""
+    cause = error.__context__ if isinstance(error, InterfaceError) else None
+    while cause is not None and not (isinstance(cause, OperationalError) and is_unavailable(cause)):
+        cause = cause.__context__
+    return cause or error
 
 
 @contextmanager

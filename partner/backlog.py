@@ -6,7 +6,6 @@ lease expired (their attempt died). An attempt in flight under a live lease is n
 """
 
 import logging
-import math
 import os
 import sqlite3
 import urllib.parse
@@ -17,6 +16,7 @@ import psycopg2
 from peewee import SqliteDatabase
 
 from models import OPEN_CONDITION, db
+from partner.store import postgres
 
 log = logging.getLogger(__name__)
 
@@ -64,11 +64,7 @@ def _connect(database, timeout: float) -> tuple:
         # mode=rw: a file that is gone is an error, not a new empty database made by asking.
         uri = f"file:{urllib.parse.quote(os.path.abspath(database.database))}?mode=rw"
         return sqlite3.connect(uri, uri=True, timeout=timeout, isolation_level=None), "?"
-    params = dict(database.connect_params)
-    # libpq bounds the whole connection set-up (whole seconds, at least 2); the server bounds each statement.
-    params["connect_timeout"] = max(2, math.ceil(timeout))
-    params["options"] = f"{params.get('options', '')} -c statement_timeout={int(timeout * 1000)}".strip()
-    return psycopg2.connect(dbname=database.database, **params), "%s"
+    return psycopg2.connect(**postgres.own_connection(database, timeout)), "%s"
 
 
 def _first_line(error: Exception) -> str:

@@ -22,6 +22,7 @@ from peewee import OperationalError, PostgresqlDatabase
 from playhouse.migrations import Runner
 
 from partner import writers
+from partner.store import postgres
 
 DIRECTORY = Path(__file__).parent
 SCHEMA_PATH = DIRECTORY.parent.parent / "schema.sql"
@@ -104,6 +105,8 @@ def upgrade(database) -> list[str]:
     wait for the writers' turn before they connect: the first to open a new file switches it to
     WAL, which fails at once ("database is locked") while another process is doing the same."""
     sqlite_file = None if isinstance(database, PostgresqlDatabase) else database.database
+    if sqlite_file is None:  # a migration, or the lock another process holds while it migrates, takes what it takes
+        database = postgres.unbounded(database)
     with writers.turn(sqlite_file, wait=math.inf), database.connection_context():
         before = _check(status(database))
         if before.is_up_to_date:
