@@ -23,6 +23,8 @@ log = logging.getLogger(__name__)
 # The WHERE clause repeats the delivery_due_at partial index's own condition word for word, so
 # the count walks that index (open deliveries only), however many finished rows the table holds.
 _DUE = f"SELECT COUNT(*), MIN(due_at) FROM delivery WHERE {OPEN_CONDITION} AND due_at <= {{p}}"
+# How long the write-lock probe waits for SQLite's lock: it asks whether a write could begin now.
+PROBE_LOCK_MS = 100
 
 
 class DatabaseUnavailable(Exception):
@@ -33,27 +35,46 @@ class DatabaseUnavailable(Exception):
 class Backlog:
     due: int
     oldest_due_at: int | None  # Unix ms
+    writable: bool | None = None  # what the probe found, when asked for one (read_backlog)
 
     def oldest_due_seconds(self, now_ms: int) -> float:
         return 0.0 if self.oldest_due_at is None else max(0, now_ms - self.oldest_due_at) / 1000
 
 
-def read_backlog(now_ms: int, timeout: float) -> Backlog:
+def read_backlog(now_ms: int, timeout: float, probe: bool = False) -> Backlog:
     """Count due deliveries within `timeout` seconds: a read, never a write, so that asking (a
     readiness probe, a scrape, a hammer of either) costs the database no commit. Raises
-    DatabaseUnavailable."""
+    DatabaseUnavailable. With `probe`, also find out whether a write could begin (`writable`)."""
     try:
         connection, p = _connect(db.obj, timeout)
         with closing(connection):
             cursor = connection.cursor()
             cursor.execute(_DUE.format(p=p), (now_ms,))
             row = cursor.fetchone()
+            writable = _write_lock_free(connection) if probe else None
     except (sqlite3.Error, psycopg2.Error) as error:
         # The driver's message may name the database host: it goes to the log, not to the caller.
         log.warning("database check failed: %s", _first_line(error))
         raise DatabaseUnavailable(f"the database could not be read within {timeout:g} s "
                                   f"({type(error).__name__})") from None
-    return Backlog(int(row[0]), None if row[1] is None else int(row[1]))
+    return Backlog(int(row[0]), None if row[1] is None else int(row[1]), writable)
+
+
+def _write_lock_free(connection) -> bool:
+    """Whether a write could begin now, found without writing. PostgreSQL: it answered the read,
+    and its writes need nothing more. SQLite: BEGIN IMMEDIATE takes the one write lock and ROLLBACK
+    lets it go, with nothing written (no page, no -wal frame, no commit for data_version to count),
+    and within PROBE_LOCK_MS: a lock held from outside (an operator's shell) fails it; one of this
+    service's own writes holds it for milliseconds."""
+    if not isinstance(connection, sqlite3.Connection):
+        return True
+    connection.execute(f"PRAGMA busy_timeout = {PROBE_LOCK_MS}")
+    try:
+        connection.execute("BEGIN IMMEDIATE")
+    except sqlite3.OperationalError:  # locked, or a file this process may not write
+        return False
+    connection.execute("ROLLBACK")
+    return True
 
 
 def _connect(database, timeout: float) -> tuple:
