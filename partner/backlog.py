@@ -6,9 +6,7 @@ lease expired (their attempt died). An attempt in flight under a live lease is n
 """
 
 import logging
-import os
 import sqlite3
-import urllib.parse
 from contextlib import closing
 from dataclasses import dataclass
 
@@ -16,6 +14,7 @@ import psycopg2
 from peewee import SqliteDatabase
 
 from models import OPEN_CONDITION, db
+from partner.backup import file_uri
 from partner.store import postgres
 
 log = logging.getLogger(__name__)
@@ -83,8 +82,8 @@ def _connect(database, timeout: float) -> tuple:
     if isinstance(database, SqliteDatabase):
         # `timeout` bounds the wait for a lock another connection holds; nothing else here can block.
         # mode=rw: a file that is gone is an error, not a new empty database made by asking.
-        uri = f"file:{urllib.parse.quote(os.path.abspath(database.database))}?mode=rw"
-        return sqlite3.connect(uri, uri=True, timeout=timeout, isolation_level=None), "?"
+        return sqlite3.connect(file_uri(database.database, "rw"), uri=True, timeout=timeout,
+                               isolation_level=None), "?"
     return psycopg2.connect(**postgres.own_connection(database, timeout)), "%s"
 
 
