@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import psycopg2
 from peewee import SqliteDatabase
 
-from models import OPEN_CONDITION, db
+from models import LIVE_CONDITION, OPEN_CONDITION, db
 from partner.backup import file_uri
 from partner.store import postgres
 
@@ -21,7 +21,9 @@ log = logging.getLogger(__name__)
 
 # The WHERE clause repeats the delivery_due_at partial index's own condition word for word, so
 # the count walks that index (open deliveries only), however many finished rows the table holds.
-_DUE = f"SELECT COUNT(*), MIN(due_at) FROM delivery WHERE {OPEN_CONDITION} AND due_at <= {{p}}"
+# A deleted subscription's deliveries are no backlog: nothing will send them; the purge removes them.
+_DUE = (f"SELECT COUNT(*), MIN(due_at) FROM delivery WHERE {OPEN_CONDITION} AND due_at <= {{p}} "
+        f"AND {LIVE_CONDITION}")
 # How long the write-lock probe waits for SQLite's lock: it asks whether a write could begin now.
 PROBE_LOCK_MS = 100
 

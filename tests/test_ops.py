@@ -39,6 +39,18 @@ def test_readyz_reports_the_database_the_scheduler_and_the_due_backlog(client, a
                                    "deliveries_due": 2, "oldest_due_seconds": 90.0}
 
 
+def test_a_deleted_subscriptions_deliveries_are_no_backlog(client, auth, clock):
+    """Nothing will send them (the purge removes them later): neither /readyz nor the gauges count them."""
+    kept, deleted = (client.post(WEBHOOKS, json={"url": f"https://hooks.partner.example/{n}"}, headers=auth)
+                     .get_json() for n in range(2))
+    for subscription in (kept, deleted, deleted):
+        client.post(f"{WEBHOOKS}/{subscription['id']}/test", json={"secret": subscription["secret"]}, headers=auth)
+    assert client.delete(f"{WEBHOOKS}/{deleted['id']}", headers=auth).status_code == 204
+    clock.advance(90)
+    assert client.get("/readyz").get_json()["deliveries_due"] == 1
+    assert "partner_deliveries_due 1.0" in client.get("/metrics").text
+
+
 def test_readyz_with_nothing_due(client):
     assert client.get("/readyz").get_json()["deliveries_due"] == 0
     assert client.get("/readyz").get_json()["oldest_due_seconds"] == 0
