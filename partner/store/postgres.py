@@ -30,6 +30,7 @@ unavailable (503 with Retry-After, deliveries wait), never as a bug.
 """
 
 import functools
+import os
 import select
 import threading
 import time
@@ -143,8 +144,13 @@ class _Silence:
     more than one thread."""
 
     def __init__(self, target: dict):
-        self._lock = threading.Lock()
         self.target = target  # psycopg2.connect's keywords for the probe
+        self._forget()
+        # A probe thread does not survive a fork (gunicorn's workers): a worker starts unknowing.
+        os.register_at_fork(after_in_child=self._forget)
+
+    def _forget(self) -> None:
+        self._lock = threading.Lock()
         self.heard_at = time.monotonic()  # the last answer any wait had
         self.silent = False
         self._probing = False
@@ -201,11 +207,14 @@ def _wait(connection) -> None:
     poller = select.poll()
     state = connection.poll()
     while state != extensions.POLL_OK:
-        poller.register(connection.fileno(), select.POLLIN if state == extensions.POLL_READ else select.POLLOUT)
+        reading = state == extensions.POLL_READ
+        poller.register(connection.fileno(), select.POLLIN if reading else select.POLLOUT)
         while not poller.poll(_SLICE_MS if own else None):
             if connection.cut_short(started):
                 raise NotAnswering(NOT_ANSWERING)
             connection.silence.suspect(started)
+        if own and reading:  # bytes from the server (a long result comes in many): it runs
+            connection.silence.heard()
         state = connection.poll()
     if own:
         connection.silence.heard()
