@@ -113,8 +113,8 @@ def test_a_frozen_postgresql_holds_no_thread_answers_every_request_and_loses_not
         own_postgres_server.freeze()
         frozen_at = time.monotonic()
         time.sleep(FREEZE_SECONDS)  # the outage itself: the callers keep calling through it
+        thawed_at = time.monotonic()  # before: this thread may wait for the callers' GIL after it
         own_postgres_server.thaw()
-        thawed_at = time.monotonic()
         assert eventually(lambda: session.get(api, headers=bearer(smoke_key), timeout=10).status_code == 200,
                           seconds=30)  # back by itself
         callers.stop()
