@@ -247,9 +247,13 @@ class Dispatcher:
     def _run_in_slot(self, claim: Claim) -> None:
         try:
             self.attempt(claim)
-        except Exception:
+        except Exception as error:  # noqa: BLE001 - logged: a pool thread's exception would vanish
             # The claim's lease expires and the attempt is made again; never lose the slot.
-            log.exception("delivery attempt crashed: event=%s", claim.event_id)
+            if is_unavailable(error):  # the outage itself is logged once (availability)
+                log.warning("delivery event=%s attempt=%d: outcome not recorded while its lease lasted (%s); "
+                            "the attempt is made again", claim.event_id, claim.attempt, describe(error))
+            else:
+                log.exception("delivery attempt crashed: event=%s", claim.event_id)
         finally:
             self._release_slots(1, int(claim.failing))
         if (self._free_slots >= self.refill_at or self._queued.is_set()) and not self._stopping.is_set():
@@ -298,12 +302,17 @@ class Dispatcher:
                 pause = next(pauses, None)
                 if pause is None or time.monotonic() + pause > deadline:
                     raise
-                log.error("delivery event=%s attempt=%d: outcome not recorded (%s), again in %s s",
-                          claim.event_id, claim.attempt, describe(error), pause)
-                if not is_unavailable(error):
+                # An outage is the operator's to act on once (database_failed logs it), not per outcome.
+                unavailable = is_unavailable(error)
+                if unavailable:
+                    database_failed(error)
+                log.log(logging.WARNING if unavailable else logging.ERROR,
+                        "delivery event=%s attempt=%d: outcome not recorded (%s), again in %s s",
+                        claim.event_id, claim.attempt, describe(error), pause)
+                if not unavailable:
                     outcome = dataclasses.replace(
                         outcome, result=dataclasses.replace(outcome.result, response_excerpt=""))
-                if self._stopping.wait(pause) and is_unavailable(error):
+                if self._stopping.wait(pause) and unavailable:
                     raise
 
 

@@ -40,7 +40,8 @@ from partner.store import backlog  # noqa: E402  (the service's modules, from SE
 from partner import outbox  # noqa: E402
 from partner import retention  # noqa: E402
 from app import create_app  # noqa: E402
-from models import Failure, Subscription, db, open_database  # noqa: E402
+from models import Failure, Subscription, db  # noqa: E402
+from tests.support import open_database  # noqa: E402
 from peewee import SqliteDatabase  # noqa: E402
 
 try:  # events.py was split out of the outbox on 2026-11-26

@@ -13,7 +13,7 @@ import pytest
 import signing
 from tests.support import started_app
 from models import Event, Subscription, db
-from partner import sealing
+from partner import resealing, sealing
 from partner.resealing import check_stored_keys
 from partner.errors import StartRefused
 from tests.support import ENCRYPTION_KEYS, NEW_ENCRYPTION_KEY, assert_unavailable, ping_as
@@ -66,6 +66,40 @@ def test_deliveries_verify_with_the_original_secret_before_and_after_a_rotation(
     with db.connection_context():
         assert {s.secret_key_id for s in Subscription.select()} == {key_id(NEW)}
     assert_no_plaintext_secret(database_url)
+
+
+def damage_first_secret(client, auth, count: int) -> tuple[str, list[str]]:
+    """`count` subscriptions, the first in id order (so in a rotation's first batch) with a secret
+    that no longer opens; its id and the others'."""
+    ids = sorted(client.post(WEBHOOKS, json={"url": f"https://hooks.partner.example/{n}"}, headers=auth)
+                 .get_json()["id"] for n in range(count))
+    with db.connection_context():
+        moved = Subscription.get_by_id(ids[1]).secret_sealed  # sealed for another subscription
+        Subscription.update(secret_sealed=moved).where(Subscription.id == ids[0]).execute()
+    return ids[0], ids[1:]
+
+
+def sealed_under(ids: list[str]) -> set[str]:
+    with db.connection_context():
+        return {s.secret_key_id for s in Subscription.select().where(Subscription.id.in_(ids))}
+
+
+def test_a_rotation_passes_over_a_damaged_secret_names_it_and_exits_1(app, start, auth, caplog):
+    damaged, others = damage_first_secret(app.test_client(), auth, 5)
+    rotated = start([NEW, OLD]).test_cli_runner().invoke(args=["encryption", "rotate"])
+    assert rotated.exit_code == 1, rotated.output
+    assert f"Re-sealed 4 webhook secrets under key id {key_id(NEW)}; 1 skipped: their secrets do not open" \
+        in rotated.output
+    assert sealed_under(others) == {key_id(NEW)} and sealed_under([damaged]) == {key_id(OLD)}
+    [line] = [r for r in caplog.records if damaged in r.getMessage()]
+    assert line.levelname == "ERROR" and "does not open" in line.getMessage()
+
+
+def test_a_rotation_in_small_batches_gets_past_a_damaged_secret(app, start, auth):
+    damaged, others = damage_first_secret(app.test_client(), auth, 4)
+    with start([NEW, OLD]).app_context(), db.connection_context():
+        assert resealing.rotate(batch=1) == resealing.Rotated(resealed=3, key_id=key_id(NEW), skipped=1)
+    assert sealed_under(others) == {key_id(NEW)}
 
 
 def test_a_secret_under_a_key_no_longer_configured_is_refused_at_start_up(app, start, auth, caplog):

@@ -64,6 +64,22 @@ def test_open_database_gives_a_postgresql_database(database):
     assert not is_sqlite()
 
 
+def test_every_connection_of_the_service_is_bounded(database):
+    """The server's bounds in every session, the kernel's on every socket (docs/operations.md)."""
+    assert [db.execute_sql(f"SHOW {name}").fetchone()[0] for name in
+            ("statement_timeout", "lock_timeout", "idle_in_transaction_session_timeout")] == ["5s", "2s", "30s"]
+    libpq = db.connection().get_dsn_parameters()
+    assert {name: libpq[name] for name in ("connect_timeout", "keepalives", "keepalives_idle", "tcp_user_timeout")} \
+        == {"connect_timeout": "3", "keepalives": "1", "keepalives_idle": "30", "tcp_user_timeout": "10000"}
+
+
+def test_a_libpq_setting_in_the_url_replaces_the_services_own(database_url):
+    open_database(f"{database_url}&connect_timeout=10&keepalives_idle=60")
+    with db.connection_context():
+        libpq = db.connection().get_dsn_parameters()
+    assert (libpq["connect_timeout"], libpq["keepalives_idle"]) == ("10", "60")
+
+
 def test_schema_applies_twice(database_url):
     open_database(database_url)
     database = open_database(database_url)

@@ -271,5 +271,10 @@ def encryption_new_key() -> None:
 def encryption_rotate() -> None:
     """Re-seal every webhook secret under the first key, in small batches, while the service runs."""
     rotated = _run(resealing.rotate)
+    if rotated.skipped:
+        click.echo(f"Re-sealed {rotated.resealed} webhook secrets under key id {rotated.key_id}; "
+                   f"{rotated.skipped} skipped: their secrets do not open (each named in the log) and stay "
+                   f"sealed as before, so keep every key until they are dealt with.")
+        raise click.exceptions.Exit(1)
     click.echo(f"Re-sealed {rotated.resealed} webhook secrets under key id {rotated.key_id}; every "
                f"secret is now sealed under it, and keys after it may be removed.")

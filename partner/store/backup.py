@@ -17,6 +17,7 @@ import os
 import secrets
 import sqlite3
 import time
+import urllib.parse
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
@@ -34,6 +35,12 @@ class Copy:
     path: str
     bytes: int
     version: int
+
+
+def file_uri(path: str, mode: str) -> str:
+    """SQLite's URI for the file at `path`, opened in `mode` ("ro", "rw"). Quoted: in a URI, `?`
+    and `#` end the path and `%` escapes, so "future#2.sqlite3" would otherwise open "future"."""
+    return f"file:{urllib.parse.quote(os.path.abspath(path))}?mode={mode}"
 
 
 def sqlite_path(url: str) -> str:
@@ -101,7 +108,7 @@ def _verified_version(path: str) -> int:
     if not os.path.isfile(path):
         raise OperatorError(f"{path} is not a file")
     try:
-        connection = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        connection = sqlite3.connect(file_uri(path, "ro"), uri=True)
         try:
             [(verdict,)] = connection.execute("PRAGMA integrity_check(1)").fetchall()
             versioned = connection.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",

@@ -12,6 +12,7 @@ import sqlite3
 from peewee import DatabaseProxy, PostgresqlDatabase
 from playhouse.db_url import connect
 
+from partner.store import postgres
 from partner.telemetry.logs import QUERY_LOG_FILTER
 
 # WAL lets readers run beside the one writer; the busy timeout makes writers queue, not fail.
@@ -50,6 +51,8 @@ def bind(url: str):
     if scheme in POOLED_SCHEMES:
         url = f"{scheme}+pool://{rest}"
     database = connect(url, **params)
+    if isinstance(database, PostgresqlDatabase):
+        postgres.bound(database)
     db.initialize(database)
     return database
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from peewee import OperationalError, PostgresqlDatabase
 from playhouse.migrations import Runner
 
+from partner.store import postgres
 
 DIRECTORY = Path(__file__).parent
 SCHEMA_PATH = DIRECTORY.parents[2] / "schema.sql"
@@ -109,6 +110,8 @@ def upgrade(database) -> list[str]:
     lock waits without a bound; on SQLite the write lock is tried again after each busy timeout (the
     first connection to a new file switches it to WAL, which fails at once while another process is
     doing the same), saying once in the log what it waits for."""
+    if isinstance(database, PostgresqlDatabase):  # a migration, or another's lock on it, takes what it takes
+        database = postgres.unbounded(database)
     waited = False
     while True:
         try:
