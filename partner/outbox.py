@@ -125,7 +125,8 @@ NOT_RECORDED = Recorded(False)
 # Attempts whose outcome could not be written (their lease expired first) before the delivery is
 # dead-lettered with this result instead of being sent again.
 MAX_UNRECORDED = 3
-NEVER_RECORDED = AttemptResult(False, None, "not_recorded", "", 0)
+NEVER_RECORDED = AttemptResult(False, None, "not_recorded", "", 0,
+                               f"{MAX_UNRECORDED} attempts were made whose outcome could never be written")
 
 
 def claim_due(now_ms: int, limit: int, lease_ms: int, failing_limit: int | None = None,
@@ -270,7 +271,7 @@ def _record_failure(claim: Claim, result: AttemptResult, attempted_at: int, fini
     Failure.create(id=new_id("fail"), subscription=claim.subscription_id, event=claim.event_id,
                    attempt=claim.attempt, http_status=result.http_status, error=result.error,
                    response_excerpt=result.response_excerpt, duration_ms=result.duration_ms,
-                   attempted_at=attempted_at, next_attempt_at=next_at)
+                   attempted_at=attempted_at, next_attempt_at=next_at, error_detail=result.error_detail)
     return Recorded(True, next_at, next_at is None, decision.auto_disable)
 
 

@@ -2,6 +2,7 @@
 
 The line is logged as the dispatcher's (logger `delivery`): operators filter on that name."""
 
+import json
 import logging
 
 from partner.operator import metrics
@@ -25,7 +26,10 @@ def log_attempt(outcome: Outcome, recorded: Recorded) -> None:
               "attempt": claim.attempt, "outcome": what, "status": result.http_status,
               "duration_ms": result.duration_ms,
               "next_attempt_in_ms": next_at - finished_at if next_at else None,
-              "recorded": recorded.recorded}
+              "recorded": recorded.recorded, "error_detail": result.error_detail}
+    # The detail last and quoted: it has spaces, and a JSON string keeps any quote inside it apart.
     log.info("delivery event=%(event_id)s subscription=%(subscription_id)s attempt=%(attempt)d "
              "outcome=%(outcome)s http_status=%(status)s duration_ms=%(duration_ms)d "
-             "next_attempt_in_ms=%(next_attempt_in_ms)s recorded=%(recorded)s", fields, extra=fields)
+             "next_attempt_in_ms=%(next_attempt_in_ms)s recorded=%(recorded)s error_detail=%(quoted)s",
+             {**fields, "quoted": result.error_detail and json.dumps(result.error_detail, ensure_ascii=False)},
+             extra=fields)
