@@ -1,4 +1,5 @@
 """What the operator sees of each delivery attempt: one log line (docs/operations.md) and its metrics.
+(Dead letters and auto-disables have lines of their own: partner/dead_letters.py.)
 
 The line is logged as the dispatcher's (logger `delivery`): operators filter on that name."""
 
@@ -17,10 +18,6 @@ def log_attempt(outcome: Outcome, recorded: Recorded) -> None:
     claim, result, finished_at = outcome.claim, outcome.result, outcome.finished_at
     what = result.error or "delivered"  # the `outcome` of the log line and the metric
     metrics.count_attempt(claim.kind, what, result.duration_ms / 1000)
-    if recorded.dead_lettered:
-        metrics.DEAD_LETTERED.inc()
-    if recorded.auto_disabled:
-        metrics.AUTO_DISABLED.inc()
     next_at = recorded.next_attempt_at
     fields = {"event_id": claim.event_id, "subscription_id": claim.subscription_id,
               "attempt": claim.attempt, "outcome": what, "status": result.http_status,
