@@ -298,8 +298,8 @@ def test_a_reply_that_is_not_http_says_so(serve_raw):
 
 
 @pytest.mark.parametrize(("error", "detail"), [
-    (OSError(errno.ENETUNREACH, "Network is unreachable"), "network unreachable by 192.0.2.7 port 443"),
-    (OSError(errno.EHOSTUNREACH, "No route to host"), "host unreachable by 192.0.2.7 port 443"),
+    (OSError(errno.ENETUNREACH, "Network is unreachable"), "network unreachable to 192.0.2.7 port 443"),
+    (OSError(errno.EHOSTUNREACH, "No route to host"), "host unreachable to 192.0.2.7 port 443"),
     (OSError(errno.EACCES, "Permission denied"), "Permission denied while connecting"),
 ])
 def test_a_network_that_cannot_be_reached_is_named(error, detail):

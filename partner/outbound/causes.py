@@ -73,7 +73,8 @@ def of_failure(failure: BaseException, phase: str, address: str | None, port: in
         if isinstance(cause, http.client.RemoteDisconnected):
             return "connection closed by the receiver without a response"
         if isinstance(cause, OSError) and cause.errno in _ERRNOS:
-            where = f" by {address} port {port}" if phase == "connect" and address else f" {PHASES[phase]}"
+            preposition = "by" if cause.errno == errno.ECONNREFUSED else "to"
+            where = f" {preposition} {address} port {port}" if phase == "connect" and address else f" {PHASES[phase]}"
             return bounded(_ERRNOS[cause.errno] + where)
         malformed = next((words for kind, words in _MALFORMED.items() if isinstance(cause, kind)), None)
         if malformed:
