@@ -17,14 +17,6 @@ from partner.operator import metrics
 
 log = logging.getLogger("delivery")
 
-# Why a delivery is dead: the log line's `reason`, and in words for `flask deliveries show`.
-REASONS = {
-    "retries_exhausted": "retries exhausted",
-    "auto_disabled": "auto-disabled",
-    "not_recorded": "not recorded",
-    "subscription_disabled": "subscription disabled",
-}
-
 # A swept pending delivery will not be attempted again: its last failure record says so.
 _NO_NEXT_ATTEMPT = ("UPDATE failure SET next_attempt_at = NULL WHERE next_attempt_at IS NOT NULL AND event_id IN "
                     "(SELECT event_id FROM delivery WHERE subscription_id = {p} AND state = {p}) "
@@ -39,7 +31,7 @@ class DeadLetter:
     subscription_id: str
     organization: str
     attempts: int
-    reason: str  # a key of REASONS
+    reason: str  # retries_exhausted, not_recorded, or subscription_disabled (found queued for a disabled one)
 
 
 @dataclass(frozen=True)
