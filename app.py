@@ -204,6 +204,7 @@ def failure_json(row: dict) -> dict:
         "attempt": row["attempt"],
         "http_status": row["http_status"],
         "error": row["error"],
+        "error_detail": row["error_detail"],
         "response_excerpt": row["response_excerpt"],
         "duration_ms": row["duration_ms"],
         "attempted_at": iso(row["attempted_at"]),

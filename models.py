@@ -125,6 +125,7 @@ class Failure(BaseModel):
     duration_ms = IntegerField()
     attempted_at = BigIntegerField()
     next_attempt_at = BigIntegerField(null=True)
+    error_detail = TextField(null=True)
 
     class Meta:
         indexes = ((("subscription", "attempted_at", "id"), False),)

@@ -61,6 +61,7 @@ class Receiver:
         self.redirect_to = "/"
         self.server = ThreadingHTTPServer((self.host, 0), Handler)
         self.server.daemon_threads = True
+        self.server.handle_error = lambda request, address: None  # a refused handshake may be the point
         if self.tls:  # the handshake happens in the handler's thread, on its first read
             self.server.socket = self.tls.wrap_socket(self.server.socket, server_side=True,
                                                       do_handshake_on_connect=False)

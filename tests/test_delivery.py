@@ -4,6 +4,7 @@ import dataclasses
 import functools
 import gzip
 import json
+import socket
 import sqlite3
 import threading
 import time
@@ -140,10 +141,11 @@ def test_failure_record_fields(dispatcher, receiver, subscribe, ping, clock, fai
     event_id = ping(subscription).get_json()["id"]
     dispatcher.run_due()
     [record] = failures(subscription)["data"]
-    assert set(record) == {"id", "event_id", "event", "attempt", "http_status", "error",
+    assert set(record) == {"id", "event_id", "event", "attempt", "http_status", "error", "error_detail",
                            "response_excerpt", "duration_ms", "attempted_at", "next_attempt_at"}
-    assert (record["event_id"], record["event"], record["attempt"], record["http_status"],
-            record["error"], record["response_excerpt"]) == (event_id, "vc.test.ping", 1, 503, "http_status", "ok")
+    assert (record["event_id"], record["event"], record["attempt"], record["http_status"], record["error"],
+            record["error_detail"], record["response_excerpt"]) == (event_id, "vc.test.ping", 1, 503, "http_status",
+                                                                    None, "ok")
     assert record["duration_ms"] >= 0
 
 
@@ -245,6 +247,8 @@ def test_dns_rebinding_to_an_internal_address_fails_without_connecting(failed_at
         resolver.answers["rebind.partner.example"] = ["127.0.0.2"]
         record = failed_attempt(subscription)
         assert (record["error"], record["http_status"]) == ("internal_url", None)
+        assert record["error_detail"] == ("127.0.0.2 (rebind.partner.example) is in 127.0.0.0/8: an internal "
+                                          "address, never delivered to")
         assert internal.received == []
     finally:
         internal.stop()
@@ -298,6 +302,7 @@ def test_a_lookup_that_does_not_answer_in_time_is_a_timeout_lasting_the_deadline
     elapsed = seconds_taken(dispatcher.run_due)
     [record] = failures(subscription)["data"]
     assert (record["error"], record["http_status"]) == ("timeout", None)
+    assert record["error_detail"] == "deadline of 0.5 s reached while resolving the host name"
     assert 500 <= record["duration_ms"] < 1500
     assert 0.5 <= elapsed < 1.5
     assert receiver.received == []
@@ -318,13 +323,20 @@ def test_the_lookup_counts_against_the_attempts_deadline(resolver, subscribe, pi
         slow.stop()
 
 
-def test_a_name_that_stops_resolving_is_a_connection_error(resolver, receiver, subscribe, ping, dispatcher, failures):
+@pytest.mark.parametrize("answer, detail", [
+    ((), "lookup of gone.partner.example returned no usable IP address"),
+    (socket.gaierror(socket.EAI_NONAME, "Name or service not known"),
+     "lookup of gone.partner.example failed: Name or service not known"),
+])
+def test_a_name_that_stops_resolving_is_a_connection_error(resolver, receiver, subscribe, ping, dispatcher, failures,
+                                                           answer, detail):
     resolver.answers["gone.partner.example"] = ["127.0.0.1"]
     subscription = subscribe(f"http://gone.partner.example:{receiver.server.server_port}/hook")
-    del resolver.answers["gone.partner.example"]
+    resolver.answers["gone.partner.example"] = answer
     ping(subscription)
     dispatcher.run_due()
-    assert failures(subscription)["data"][0]["error"] == "connection_error"
+    [record] = failures(subscription)["data"]
+    assert (record["error"], record["error_detail"]) == ("connection_error", detail)
 
 
 @pytest.mark.both_databases

@@ -137,7 +137,7 @@ def test_every_table_round_trips(database):
                     due_at=BIG_MS, lease_token=None, seq=BIG_MS, unrecorded=1)
     Failure.create(id="fail_1", subscription=subscription, event=event, attempt=2, http_status=None,
                    error="timeout", response_excerpt="", duration_ms=10_000, attempted_at=BIG_MS,
-                   next_attempt_at=None)
+                   next_attempt_at=None, error_detail="deadline of 10 s reached while connecting — é")
     Setting.create(name="cursor_signing_key", value="ab" * 32)
     assert Subscription.get().secret == "whsec_x"  # stored sealed, opened again
     sealed = ("secret_key_id", "secret_sealed")
@@ -156,7 +156,8 @@ def test_every_table_round_trips(database):
                     "due_at": BIG_MS, "lease_token": None, "seq": BIG_MS, "unrecorded": 1}],
         Failure: [{"id": "fail_1", "subscription": "wh_1", "event": "evt_1", "attempt": 2,
                    "http_status": None, "error": "timeout", "response_excerpt": "", "duration_ms": 10_000,
-                   "attempted_at": BIG_MS, "next_attempt_at": None}],
+                   "attempted_at": BIG_MS, "next_attempt_at": None,
+                   "error_detail": "deadline of 10 s reached while connecting — é"}],
         Setting: [{"name": "cursor_signing_key", "value": "ab" * 32}],
     }
     stored = Event.get_by_id("evt_1")

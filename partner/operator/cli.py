@@ -12,9 +12,10 @@ from partner.store.connection import db
 from partner import resealing, retention, sealing
 from partner.store import backup, migrations
 from partner.store.availability import describe, is_unavailable
-from partner.history import STATES, list_deliveries, replay_dead_letters
+from partner.history import STATES, delivery_story, list_deliveries, replay_dead_letters
 from partner.errors import OperatorError, ValidationError
 from partner.keys import MAX_RATE_LIMIT, IssuedKey, create_key, list_keys, revoke_key, rotate_key
+from partner.retry import RetryPolicy
 from partner.subscriptions import enable_subscription, subscriptions_overview
 from partner.startup import AS_IT_IS, NOTHING, UP_TO_DATE, start_command
 from partner.timestamps import iso, now_ms, to_ms
@@ -166,16 +167,56 @@ def webhooks_enable(subscription_id: str) -> None:
 
 
 @deliveries_cli.command("list")
-@click.option("--subscription", "subscription_id", required=True, help="Subscription id (wh_…).")
+@click.option("--subscription", "subscription_id", help="Only this subscription's (wh_…).")
+@click.option("--org", help="Only this organization's.")
 @click.option("--state", type=click.Choice(STATES), help="Only deliveries in this state.")
+@click.option("--since", type=Rfc3339(), help="Only events that occurred at or after this time.")
 @click.option("--limit", type=click.IntRange(1, 10_000), default=50, show_default=True)
 @starts(UP_TO_DATE)
-def deliveries_list(subscription_id: str, state: str | None, limit: int) -> None:
-    """List a subscription's deliveries, newest first."""
-    rows = _run(list_deliveries, subscription_id, state, limit)
-    _table(("EVENT_ID", "KIND", "STATE", "ATTEMPTS", "CREATED_AT", "DUE_OR_FINISHED_AT"),
-           ((r.event_id, r.kind, r.state, r.attempts, iso(r.created_at), iso(r.due_or_finished_at))
-            for r in rows))
+def deliveries_list(subscription_id: str | None, org: str | None, state: str | None, since: int | None,
+                    limit: int) -> None:
+    """List deliveries across subscriptions, newest event first."""
+    rows = _run(list_deliveries, subscription_id, org, state, since, limit)
+    _table(("EVENT_ID", "SUBSCRIPTION", "ORG", "KIND", "STATE", "ATTEMPTS", "CREATED_AT", "DUE_OR_FINISHED_AT"),
+           ((r.event_id, r.subscription_id, r.organization, r.kind, r.state, r.attempts, iso(r.created_at),
+             iso(r.due_or_finished_at)) for r in rows))
+
+
+@deliveries_cli.command("show")
+@click.argument("event_id")
+@click.option("--subscription", "subscription_id", help="The event's subscription (wh_…), to check.")
+@starts(UP_TO_DATE)
+def deliveries_show(event_id: str, subscription_id: str | None) -> None:
+    """One event: its subscription, every attempt in order, and why it ended or when it is next due."""
+    config = current_app.config
+    story = _run(delivery_story, event_id, _now(),
+                 RetryPolicy(config["DELIVERY_RETRY_DELAYS"], config["AUTO_DISABLE_THRESHOLD"]), subscription_id)
+    subscription = story.subscription
+    lines = [("event", story.event_id), ("kind", story.kind), ("created_at", iso(story.created_at)),
+             ("subscription", f"{subscription.id} ({_subscription_state(subscription)})"),
+             ("organization", subscription.organization.slug), ("url", subscription.url), ("state", story.state)]
+    if story.unrecorded:
+        lines.append(("unrecorded", f"{story.unrecorded} attempts whose outcome was never written"))
+    lines.append(("ended" if story.has_ended else "next", story.ending))
+    for name, value in lines:
+        click.echo(f"{name + ':':<14}{value}")
+    click.echo()
+    _table(("ATTEMPT", "ATTEMPTED_AT", "OUTCOME", "HTTP_STATUS", "ERROR", "ERROR_DETAIL", "DURATION_MS", "EXCERPT"),
+           ((a.number, iso(a.attempted_at) or "not recorded", a.outcome, a.http_status, a.error, a.error_detail,
+             a.duration_ms, _one_line(a.excerpt) or None) for a in story.attempts))
+
+
+def _subscription_state(subscription) -> str:
+    if subscription.deleted_at:
+        return f"deleted at {iso(subscription.deleted_at)}"
+    if not subscription.active:
+        return f"disabled: auto-disabled at {iso(subscription.auto_disabled_at)}"
+    return "active"
+
+
+def _one_line(text: str) -> str:
+    """A response excerpt in one table cell: its backslashes, tabs and line breaks escaped."""
+    return text.replace("\\", "\\\\").replace("\t", "\\t").replace("\r", "\\r").replace("\n", "\\n")
 
 
 @deliveries_cli.command("replay")

@@ -3,7 +3,7 @@ registered), sign the body, and POST it to a vetted address, all within one dead
 does not answer in time is a timeout like any other."""
 
 import signing
-from partner.outbound import ssrf
+from partner.outbound import causes, ssrf
 from partner.outbound.dns import Lookups
 from partner.outbound.transport import AttemptResult, Deadline, Transport
 
@@ -28,7 +28,9 @@ class Sender:
             target = ssrf.check_url(claim.url, self.lookups.within(deadline.remaining()), self.allowed_networks)
         except ssrf.UnsafeUrl as error:
             kind = _REFUSALS.get(error.code, "connection_error")
-            return AttemptResult(False, None, kind, "", deadline.elapsed_ms())
+            detail = (causes.of_timeout(deadline.seconds, "lookup") if kind == "timeout"
+                      else causes.bounded(error.detail))
+            return AttemptResult(False, None, kind, "", deadline.elapsed_ms(), detail)
         headers = {
             "Content-Type": "application/json",
             "User-Agent": USER_AGENT,

@@ -80,10 +80,13 @@ class UnsafeUrl(Exception):
     """A URL we refuse to send to; `code` is invalid_url, internal_url, unresolvable or
     lookup_timeout (the resolver did not answer in the time it was given)."""
 
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: str, message: str, detail: str | None = None) -> None:
         super().__init__(f"{code}: {message}")
         self.code = code
         self.message = message
+        # What a refusal at delivery time records (the failure's error_detail): the refused address
+        # and the rule for an internal one, the resolver's own words for a name that does not resolve.
+        self.detail = detail or message
 
 
 @dataclass(frozen=True)
@@ -122,11 +125,19 @@ def parse_networks(cidrs: Iterable[str]) -> tuple[Network, ...]:
 
 def is_internal_address(ip: Address) -> bool:
     """True unless the address is globally routable, by the explicit tables."""
+    return blocking_rule(ip) is not None
+
+
+def blocking_rule(ip: Address) -> str | None:
+    """Which rule of the explicit tables refuses the address ("in 10.0.0.0/8"), or None if it is public."""
     if ip.version == 4:
-        return any(ip in net for net in BLOCKED_IPV4)
-    if any(ip in net for net in IPV4_EMBEDDING_IPV6):
-        return True
-    return ip not in GLOBAL_UNICAST_IPV6 or any(ip in net for net in BLOCKED_IPV6)
+        return next((f"in {net}" for net in BLOCKED_IPV4 if ip in net), None)
+    embedding = next((net for net in IPV4_EMBEDDING_IPV6 if ip in net), None)
+    if embedding is not None:
+        return f"in {embedding}, which carries an IPv4 address"
+    if ip not in GLOBAL_UNICAST_IPV6:
+        return f"outside {GLOBAL_UNICAST_IPV6}, the only IPv6 delivered to"
+    return next((f"in {net}" for net in BLOCKED_IPV6 if ip in net), None)
 
 
 def check_url(url: str, resolve: Resolver = system_resolver,
@@ -246,8 +257,10 @@ def _lookup(resolve: Resolver, host: str) -> Sequence[str]:
         return resolve(host) or ()
     except TimeoutError:
         raise UnsafeUrl("lookup_timeout", f"URL host {host!r} did not resolve in time") from None
-    except (OSError, UnicodeError):  # getaddrinfo raises UnicodeError for some bad names
-        raise UnsafeUrl("unresolvable", f"URL host {host!r} does not resolve") from None
+    except (OSError, UnicodeError) as error:  # getaddrinfo raises UnicodeError for some bad names
+        said = getattr(error, "strerror", None) or type(error).__name__
+        raise UnsafeUrl("unresolvable", f"URL host {host!r} does not resolve",
+                        f"lookup of {host} failed: {said}") from None
 
 
 def _ip_or_none(text: object) -> Address | None:
@@ -269,8 +282,13 @@ def _vet(answers: Sequence[str], allowed_networks: Sequence[Network], host: str)
     """Return the answers as IP strings if every one is a public (or allowed) IP address."""
     ips = [_ip_or_none(answer) for answer in answers]
     valid = [ip for ip in ips if ip is not None]
-    if any(is_internal_address(ip) and not _is_allowed(ip, allowed_networks) for ip in valid):
-        raise UnsafeUrl("internal_url", f"URL host {host!r} is an internal address")
+    for ip in valid:
+        rule = blocking_rule(ip)
+        if rule is not None and not _is_allowed(ip, allowed_networks):
+            named = "" if str(ip) == host else f" ({host})"
+            raise UnsafeUrl("internal_url", f"URL host {host!r} is an internal address",
+                            f"{ip}{named} is {rule}: an internal address, never delivered to")
     if not valid or len(valid) != len(ips):
-        raise UnsafeUrl("unresolvable", f"URL host {host!r} does not resolve to IP addresses")
+        raise UnsafeUrl("unresolvable", f"URL host {host!r} does not resolve to IP addresses",
+                        f"lookup of {host} returned no usable IP address")
     return tuple(dict.fromkeys(str(ip) for ip in valid))
