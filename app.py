@@ -35,6 +35,7 @@ from partner.operator.cli import (AS_IT_IS, COMMANDS, NEEDS_KEYS, NEEDS_NOTHING,
                                   runs_a_command)
 from partner.operator.logs import database_name
 from partner.outbound.dns import Lookups
+from partner.outbound.transport import Deadline
 from partner.events import TEST_PING, failures_page, trigger_test_ping
 from partner.subscriptions import (create_subscription, delete_subscription, find_subscription, list_subscriptions,
                                    subscription_fields)
@@ -45,6 +46,9 @@ log = logging.getLogger(__name__)
 # How long creating a subscription waits for its host's DNS answer: a name that does not answer
 # must not hold a request thread (and every request queued behind it) for the resolver's ~10 s.
 CREATE_LOOKUP_SECONDS = 2.0
+# The creates' lookups (partner/outbound/dns.py): an organization whose names never answer holds at
+# most CREATE_LOOKUPS_PER_ORGANIZATION of the threads, and as many of the 8 request threads waiting.
+CREATE_LOOKUP_THREADS, CREATE_LOOKUPS_PER_ORGANIZATION = 32, 4
 
 api = Blueprint("api", __name__, url_prefix="/api/v1/partner")
 
@@ -64,9 +68,8 @@ def create_app(overrides: dict | None = None) -> Flask:
     _open_storage(app)
     app.extensions["rate_limits"] = RateLimits(app)
     app.extensions["delivery"] = dispatcher
-    lookups = Lookups(app.config["RESOLVER"], threads=8)
-    app.extensions["subscription_fields"] = subscription_fields(
-        lookups.within(CREATE_LOOKUP_SECONDS), app.config["ALLOWED_NETWORKS"])
+    app.extensions["lookups"] = Lookups(app.config["RESOLVER"], CREATE_LOOKUP_THREADS,
+                                        CREATE_LOOKUPS_PER_ORGANIZATION)
     install_health(app)  # first: it counts every request, those the hooks below refuse too
     install_request_ids(app)
     install_response_headers(app)
@@ -245,7 +248,10 @@ def page_json(rows, position, scope: str, shape) -> dict:
 @api.post("/webhooks")
 @require_scope(WEBHOOKS_MANAGE)
 def create_webhook():
-    fields = validate(read_json_object(), current_app.extensions["subscription_fields"])
+    body = read_json_object()  # before the lookup's deadline starts: a slow client's time is its own
+    resolve = current_app.extensions["lookups"].resolver_for(g.caller.organization.id,
+                                                              Deadline(CREATE_LOOKUP_SECONDS).remaining)
+    fields = validate(body, subscription_fields(resolve, current_app.config["ALLOWED_NETWORKS"]))
     subscription = create_subscription(g.caller.organization.id, fields["url"], fields["description"],
                                        now_ms(current_app.config["CLOCK"]))
     location = f"{api.url_prefix}/webhooks/{subscription.id}"

@@ -6,8 +6,9 @@ import time
 
 import pytest
 
+from app import CREATE_LOOKUPS_PER_ORGANIZATION
 from partner.keys import parse_key
-from tests.support import WEBHOOKS, bearer, field_codes, validation_errors
+from tests.support import WEBHOOKS, assert_unavailable, bearer, eventually, field_codes, in_thread, validation_errors
 
 PUBLIC_URL = "http://93.184.215.14/"
 NAMED_URL = "https://hooks.partner.example/hooks?source=vc"
@@ -381,6 +382,27 @@ def test_a_name_whose_dns_does_not_answer_within_2_s_is_invalid(client, auth, re
     assert field_codes(response) == [("url", "invalid_url")]
     assert 2.0 <= elapsed < 3.0
     assert ids(client, auth) == []
+
+
+def test_creates_at_names_that_never_answer_leave_another_organization_alone(client, issue_key, resolver):
+    attacker, partner = bearer(issue_key("attacker")), bearer(issue_key("partner"))
+    answers, errors = [], []
+    names = [f"a{n}.lame.example" for n in range(12)]
+    resolver.stalled.update(names)
+    waiting = [in_thread(lambda name=name: answers.append(create(client, attacker, f"https://{name}/h")), errors)
+               for name in names]
+    refused = len(names) - CREATE_LOOKUPS_PER_ORGANIZATION
+    assert eventually(lambda: len(answers) >= refused)  # the attacker's own bound: at once
+    started = time.monotonic()
+    response = create(client, partner, NAMED_URL)
+    assert (response.status_code, time.monotonic() - started < 1) == (201, True)
+    for thread in waiting:
+        thread.join()
+    assert errors == []
+    for answer in answers[:refused]:  # not judged, so not invalid_url: retry later
+        assert_unavailable(answer)
+    assert [field_codes(answer) for answer in answers[refused:]] == [[("url", "invalid_url")]] * (len(names) - refused)
+    assert ids(client, attacker) == []
 
 
 def test_name_resolving_to_a_public_address_is_accepted(client, auth, resolver):
