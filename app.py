@@ -23,7 +23,7 @@ from partner.errors import StartRefused
 from partner.edge.auth import authenticate, require_scope
 from partner.edge.health import install_health
 from partner.edge.ops_port import install_ops_port
-from partner.edge.pagination import cursor_key, encode_cursor, read_page_args
+from partner.edge.pagination import Cursors, cursor_key, read_page_args
 from partner.edge.problems import register_error_handlers
 from partner.edge.ratelimit import RateLimits
 from partner.edge.request_ids import install_request_ids
@@ -109,7 +109,7 @@ def _open_storage(app: Flask) -> None:
     _say_if_the_database_cannot_write(app)
     with db.connection_context():
         _refuse_unknown_keys(app)
-        app.extensions["cursor_key"] = cursor_key()
+        app.extensions["cursors"] = Cursors(cursor_key(), app.config["CLOCK"])
 
 
 def _refuse_a_missing_file(url: str) -> None:
@@ -240,9 +240,14 @@ def subscription_json(row: dict, include_secret: bool = False) -> dict:
     return body
 
 
-def page_json(rows, position, scope: str, shape) -> dict:
-    key = current_app.extensions["cursor_key"]
-    return {"data": [shape(row) for row in rows], "next_cursor": encode_cursor(key, scope, position)}
+def page_args(listing: str) -> tuple[int, list | None]:
+    """`limit` and the position `cursor` stands for in the caller's organization's `listing`."""
+    return read_page_args(request.args, current_app.extensions["cursors"], g.caller.organization.id, listing)
+
+
+def page_json(rows, position, listing: str, shape) -> dict:
+    cursor = current_app.extensions["cursors"].issue(g.caller.organization.id, listing, position)
+    return {"data": [shape(row) for row in rows], "next_cursor": cursor}
 
 
 @api.post("/webhooks")
@@ -262,11 +267,9 @@ def create_webhook():
 @api.get("/webhooks")
 @require_scope(WEBHOOKS_MANAGE)
 def list_webhooks():
-    org_id = g.caller.organization.id
-    scope = f"subscriptions:{org_id}"
-    limit, position = read_page_args(request.args, current_app.extensions["cursor_key"], scope)
-    rows, next_position = list_subscriptions(org_id, position, limit)
-    return page_json(rows, next_position, scope, subscription_json)
+    limit, position = page_args("subscriptions")
+    rows, next_position = list_subscriptions(g.caller.organization.id, position, limit)
+    return page_json(rows, next_position, "subscriptions", subscription_json)
 
 
 @api.delete("/webhooks/<subscription_id>")
@@ -317,7 +320,7 @@ def failure_json(row: dict) -> dict:
 @require_scope(WEBHOOKS_MANAGE)
 def list_failures(subscription_id: str):
     subscription = find_subscription(g.caller.organization.id, subscription_id)
-    scope = f"failures:{subscription.id}"
-    limit, position = read_page_args(request.args, current_app.extensions["cursor_key"], scope)
+    listing = f"failures:{subscription.id}"
+    limit, position = page_args(listing)
     rows, next_position = failures_page(subscription, position, limit)
-    return page_json(rows, next_position, scope, failure_json)
+    return page_json(rows, next_position, listing, failure_json)
