@@ -6,11 +6,11 @@ subscriptions are created, then the five dead names stop answering. Pings go out
 bench/isolation.py, at a steady rate, round-robin over the subscriptions in a shuffled order.
 Each attempt to a dead name waits for its lookup until the delivery deadline and is a timeout.
 
-Then another organization keeps CREATES_IN_FLIGHT creates in flight at dead names of its own (each
+Then one organization keeps CREATES_IN_FLIGHT creates in flight at dead names of its own (each
 thread sends the next when one is answered, after REFUSED_PAUSE if it was answered at once: a tight
-loop of refusals would measure the CPU, not the lookups) while the first creates OTHER_CREATES more
-subscriptions, one at a time, and pings each: how long do its creates take, are any refused, and do
-its pings arrive?
+loop of refusals would measure the CPU, not the lookups) while another (a new one: the first holds
+its 100 subscriptions) creates OTHER_CREATES subscriptions, one at a time, and pings each: how long
+do its creates take, are any refused, and do its pings arrive?
 """
 
 import random
@@ -35,10 +35,11 @@ def timed_subscribe(partner: Partner, url: str) -> tuple[float, requests.Respons
     return (time.monotonic() - started) * 1000, response
 
 
-def beside_dead_creates(service: Service, partner: Partner, receiver: Receiver) -> dict:
-    """OTHER_CREATES creates and pings by `partner` while another organization keeps
-    CREATES_IN_FLIGHT creates in flight at names that never answer."""
+def beside_dead_creates(service: Service, receiver: Receiver) -> dict:
+    """OTHER_CREATES creates and pings by one organization while another keeps CREATES_IN_FLIGHT
+    creates in flight at names that never answer."""
     attacker_key, stop, attacker_answers = service.create_key("attacker"), threading.Event(), []
+    partner = Partner(service, service.create_key("other"))
 
     def keep_creating(n: int) -> None:
         attacker = Partner(service, attacker_key)
@@ -55,22 +56,26 @@ def beside_dead_creates(service: Service, partner: Partner, receiver: Receiver) 
     for thread in threads:
         thread.start()
     time.sleep(0.5)  # every attacker create is under way
-    creates, refused, events = [], 0, []
+    creates, statuses, events = [], [], []
     try:
         for n in range(OTHER_CREATES):
             elapsed, response = timed_subscribe(partner, receiver.url(f"/t/{n}", f"t-{n}.bench.test"))
             creates.append(elapsed)
+            statuses.append(response.status_code)
             if response.status_code == 201:
                 events.append(partner.ping(response.json()))
-            else:
-                refused += 1
         missing = sum(receiver.wait_for_event(event_id, WAIT_AFTER) is None for event_id in events)
     finally:
         stop.set()
         for thread in threads:
             thread.join()
-    return {"creates": creates, "refused": refused, "missing": missing,
-            "attacker_statuses": {str(s): attacker_answers.count(s) for s in sorted(set(attacker_answers))}}
+        partner.close()
+    return {"creates": creates, "refused": len(statuses) - statuses.count(201), "missing": missing,
+            "statuses": _counted(statuses), "attacker_statuses": _counted(attacker_answers)}
+
+
+def _counted(statuses: list[int]) -> dict[str, int]:
+    return {str(status): statuses.count(status) for status in sorted(set(statuses))}
 
 
 def main() -> dict:
@@ -96,7 +101,7 @@ def main() -> dict:
             rng.shuffle(targets)
             mixed = drive(partner, receiver, targets)
             errors = [record["error"] for subscription, _ in dead for record in partner.failures(subscription)]
-            beside = beside_dead_creates(service, partner, receiver)
+            beside = beside_dead_creates(service, receiver)
             partner.close()
     latencies, creates = mixed["latencies"], beside["creates"]
     figures = [
@@ -117,7 +122,8 @@ def main() -> dict:
     parameters = {"subscriptions": SUBSCRIPTIONS, "dead_names": DEAD, "rate_per_s": RATE,
                   "seconds": SECONDS, "delivery_timeout_s": TIMEOUT, "healthy_events": len(latencies),
                   "dead_name_events": mixed["hanging_pings"],
-                  "other_creates": OTHER_CREATES, "attacker_answers": beside["attacker_statuses"]}
+                  "other_creates": OTHER_CREATES, "other_answers": beside["statuses"],
+                  "attacker_answers": beside["attacker_statuses"]}
     return report("dns_isolation", figures, parameters)
 
 
