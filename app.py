@@ -47,7 +47,8 @@ log = logging.getLogger(__name__)
 # must not hold a request thread (and every request queued behind it) for the resolver's ~10 s.
 CREATE_LOOKUP_SECONDS = 2.0
 # The creates' lookups (partner/outbound/dns.py): an organization whose names never answer holds at
-# most CREATE_LOOKUPS_PER_ORGANIZATION of the threads, and as many of the 8 request threads waiting.
+# most CREATE_LOOKUPS_PER_ORGANIZATION of these threads, so at most that many of a worker's 8 request
+# threads wait on its lookups; its other creates are refused at once (503).
 CREATE_LOOKUP_THREADS, CREATE_LOOKUPS_PER_ORGANIZATION = 32, 4
 
 api = Blueprint("api", __name__, url_prefix="/api/v1/partner")

@@ -64,9 +64,9 @@ _TAKE = ('UPDATE delivery SET state = {p}, due_at = {p}, lease_token = {p}, '
 # under way): the take's half of the module docstring's rule.
 _HELD_LIVE = f"EXISTS ({LIVE_SUBSCRIPTION} FOR SHARE SKIP LOCKED)"
 _CLAIMED = ('SELECT e.id AS event_id, e.kind, e.body, d.attempts, d.unrecorded, s.id AS subscription_id, '
-            's.organization_id, s.url, s.secret_key_id, s.secret_sealed, s.consecutive_failures, s.active FROM delivery AS d '
-            'JOIN event AS e ON e.id = d.event_id JOIN subscription AS s ON s.id = d.subscription_id '
-            'WHERE d.event_id IN ({ids}) AND d.lease_token = {p}')
+            's.organization_id, s.url, s.secret_key_id, s.secret_sealed, s.consecutive_failures, s.active '
+            'FROM delivery AS d JOIN event AS e ON e.id = d.event_id '
+            'JOIN subscription AS s ON s.id = d.subscription_id WHERE d.event_id IN ({ids}) AND d.lease_token = {p}')
 _RELEASE = ('UPDATE delivery SET state = {p}, due_at = {p}, lease_token = NULL '
             'WHERE lease_token = {p} AND event_id = {p} AND {in_flight}')
 # A delivery given back unattempted, due later (_put_off): its subscription's pending deliveries wait with
