@@ -14,7 +14,7 @@ from partner.edge.apidocs import docs
 from partner.edge.auth import authenticate, require_scope
 from partner.edge.health import install_health
 from partner.edge.ops_port import install_ops_port
-from partner.edge.pagination import cursor_key, encode_cursor, read_page_args
+from partner.edge.pagination import Cursors, cursor_key, read_page_args
 from partner.edge.problems import register_error_handlers
 from partner.edge.ratelimit import RateLimits
 from partner.edge.request_ids import install_request_ids
@@ -25,6 +25,7 @@ from partner.keys import IDENTITY_READ, WEBHOOKS_MANAGE
 from partner.events import TEST_PING, failures_page, trigger_test_ping
 from partner.operator.cli import COMMANDS
 from partner.outbound.dns import Lookups
+from partner.outbound.transport import Deadline
 from partner.startup import refuse
 from partner.store.connection import bind, db
 from partner.subscriptions import (create_subscription, delete_subscription, find_subscription, list_subscriptions,
@@ -36,6 +37,10 @@ log = logging.getLogger(__name__)
 # How long creating a subscription waits for its host's DNS answer: a name that does not answer
 # must not hold a request thread (and every request queued behind it) for the resolver's ~10 s.
 CREATE_LOOKUP_SECONDS = 2.0
+# The creates' lookups (partner/outbound/dns.py): an organization whose names never answer holds at
+# most CREATE_LOOKUPS_PER_ORGANIZATION of these threads, so at most that many of a worker's 8 request
+# threads wait on its lookups; its other creates are refused at once (503).
+CREATE_LOOKUP_THREADS, CREATE_LOOKUPS_PER_ORGANIZATION = 32, 4
 
 api = Blueprint("api", __name__, url_prefix="/api/v1/partner")
 
@@ -53,12 +58,12 @@ def create_app(overrides: dict | None = None) -> Flask:
         log.warning("webhook targets in %s are exempt from the internal-address block",
                     ", ".join(map(str, app.config["ALLOWED_NETWORKS"])))
     app.extensions["database"] = bind(app.config["DATABASE_URL"])
-    app.extensions["cursor_key"] = functools.cache(cursor_key)  # read at its first use
+    # Read at its first use: building the app opens nothing.
+    app.extensions["cursors"] = functools.cache(lambda: Cursors(cursor_key(), app.config["CLOCK"]))
     app.extensions["rate_limits"] = RateLimits(app)
     app.extensions["delivery"] = Dispatcher(app.config)
-    lookups = Lookups(app.config["RESOLVER"], threads=8)
-    app.extensions["subscription_fields"] = subscription_fields(
-        lookups.within(CREATE_LOOKUP_SECONDS), app.config["ALLOWED_NETWORKS"])
+    app.extensions["lookups"] = Lookups(app.config["RESOLVER"], CREATE_LOOKUP_THREADS,
+                                        CREATE_LOOKUPS_PER_ORGANIZATION)
     install_health(app)  # first: it counts every request, those the hooks below refuse too
     install_request_ids(app)
     install_response_headers(app)
@@ -141,15 +146,23 @@ def subscription_json(row: dict, include_secret: bool = False) -> dict:
     return body
 
 
-def page_json(rows, position, scope: str, shape) -> dict:
-    key = current_app.extensions["cursor_key"]()
-    return {"data": [shape(row) for row in rows], "next_cursor": encode_cursor(key, scope, position)}
+def page_args(listing: str) -> tuple[int, list | None]:
+    """`limit` and the position `cursor` stands for in the caller's organization's `listing`."""
+    return read_page_args(request.args, current_app.extensions["cursors"](), g.caller.organization.id, listing)
+
+
+def page_json(rows, position, listing: str, shape) -> dict:
+    cursor = current_app.extensions["cursors"]().issue(g.caller.organization.id, listing, position)
+    return {"data": [shape(row) for row in rows], "next_cursor": cursor}
 
 
 @api.post("/webhooks")
 @require_scope(WEBHOOKS_MANAGE)
 def create_webhook():
-    fields = validate(read_json_object(), current_app.extensions["subscription_fields"])
+    body = read_json_object()  # before the lookup's deadline starts: a slow client's time is its own
+    resolve = current_app.extensions["lookups"].resolver_for(g.caller.organization.id,
+                                                              Deadline(CREATE_LOOKUP_SECONDS).remaining)
+    fields = validate(body, subscription_fields(resolve, current_app.config["ALLOWED_NETWORKS"]))
     subscription = create_subscription(g.caller.organization.id, fields["url"], fields["description"],
                                        now_ms(current_app.config["CLOCK"]))
     location = f"{api.url_prefix}/webhooks/{subscription.id}"
@@ -160,11 +173,9 @@ def create_webhook():
 @api.get("/webhooks")
 @require_scope(WEBHOOKS_MANAGE)
 def list_webhooks():
-    org_id = g.caller.organization.id
-    scope = f"subscriptions:{org_id}"
-    limit, position = read_page_args(request.args, current_app.extensions["cursor_key"](), scope)
-    rows, next_position = list_subscriptions(org_id, position, limit)
-    return page_json(rows, next_position, scope, subscription_json)
+    limit, position = page_args("subscriptions")
+    rows, next_position = list_subscriptions(g.caller.organization.id, position, limit)
+    return page_json(rows, next_position, "subscriptions", subscription_json)
 
 
 @api.delete("/webhooks/<subscription_id>")
@@ -216,7 +227,7 @@ def failure_json(row: dict) -> dict:
 @require_scope(WEBHOOKS_MANAGE)
 def list_failures(subscription_id: str):
     subscription = find_subscription(g.caller.organization.id, subscription_id)
-    scope = f"failures:{subscription.id}"
-    limit, position = read_page_args(request.args, current_app.extensions["cursor_key"](), scope)
+    listing = f"failures:{subscription.id}"
+    limit, position = page_args(listing)
     rows, next_position = failures_page(subscription, position, limit)
-    return page_json(rows, next_position, scope, failure_json)
+    return page_json(rows, next_position, listing, failure_json)

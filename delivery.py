@@ -31,7 +31,8 @@ from partner.claims import any_due, next_due_at
 from partner.store.group_commit import GroupCommit
 from partner.telemetry.attempts import log_attempt
 from partner.outbound.sender import Sender
-from partner.outbox import Claim, Outcome, Recorded, claim_due, release, write_outcomes
+from partner.outbound.dns import LookupsBusy
+from partner.outbox import NOT_RECORDED, Claim, Outcome, Recorded, claim_due, put_off, release, write_outcomes
 from partner.retry import MAX_JITTER, RetryPolicy
 from partner.timestamps import now_ms, to_ms
 
@@ -55,6 +56,11 @@ SCAN_BACKOFF_SECONDS, MAX_SCAN_BACKOFF_SECONDS = 1, 60
 # An outcome that could not be written is written again after these pauses (seconds), while the
 # lease lasts, rather than the attempt being made again when the lease expires.
 RECORD_RETRY_SECONDS = (0.5, 1, 2, 4, 8)
+# A delivery whose host's lookup could not start is due again this much later (seconds). Lookups that
+# fill a bound are slow ones, and one stuck on a name that never answers ends with the resolver's
+# first timeout (5 s) at the soonest: asked sooner, the bound is still full, and every refusal costs
+# a claim and a write (an organization with 100 dead names pinged: 160 a second at 1 s).
+LOOKUP_BUSY_RETRY_SECONDS = 5
 
 
 class Dispatcher:
@@ -282,11 +288,27 @@ class Dispatcher:
     def attempt(self, claim: Claim) -> Recorded:
         """Make one attempt of a claimed delivery: send, record, log."""
         attempted_at = now_ms(self.clock)
-        result = self.sender.send(claim, attempted_at)
+        try:
+            result = self.sender.send(claim, attempted_at)
+        except LookupsBusy as error:
+            return self._put_off(claim, error)
         outcome = Outcome(claim, result, attempted_at, now_ms(self.clock), self.random.uniform(0, MAX_JITTER))
         recorded = self._record(outcome)
         log_attempt(outcome, recorded)
         return recorded
+
+    def _put_off(self, claim: Claim, error: LookupsBusy) -> Recorded:
+        """No lookup of the claim's host could start: its tenant's own lookups, or every thread, held
+        by lookups still running (partner/outbound/dns.py). Nothing was sent, so nothing is counted
+        against the subscription: the delivery is given back, due again in LOOKUP_BUSY_RETRY_SECONDS.
+        Should that write fail (the database down), the lease runs out and the delivery is taken again
+        then, counted as an attempt whose outcome was not recorded, as any attempt an outage cuts short."""
+        due_ms = now_ms(self.clock) + to_ms(LOOKUP_BUSY_RETRY_SECONDS)
+        with db.connection_context():
+            put_off(claim, due_ms)
+        log.info("delivery event=%s subscription=%s not attempted: DNS lookup not started (%s); due again "
+                 "in %s s", claim.event_id, claim.subscription_id, error, LOOKUP_BUSY_RETRY_SECONDS)
+        return NOT_RECORDED
 
     def _record(self, outcome: Outcome) -> Recorded:
         """Write the outcome; when that fails, write it again with backoff while the lease lasts

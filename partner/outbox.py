@@ -65,13 +65,14 @@ _TAKE = ('UPDATE delivery SET state = {p}, due_at = {p}, lease_token = {p}, '
 # under way): the take's half of the module docstring's rule.
 _HELD_LIVE = f"EXISTS ({LIVE_SUBSCRIPTION} FOR SHARE SKIP LOCKED)"
 _CLAIMED = ('SELECT e.id AS event_id, e.kind, e.body, d.attempts, d.unrecorded, s.id AS subscription_id, '
-            's.url, s.secret_key_id, s.secret_sealed, s.consecutive_failures, s.active FROM delivery AS d '
-            'JOIN event AS e ON e.id = d.event_id JOIN subscription AS s ON s.id = d.subscription_id '
-            'WHERE d.event_id IN ({ids}) AND d.lease_token = {p}')
+            's.organization_id, s.url, s.secret_key_id, s.secret_sealed, s.consecutive_failures, s.active '
+            'FROM delivery AS d JOIN event AS e ON e.id = d.event_id '
+            'JOIN subscription AS s ON s.id = d.subscription_id WHERE d.event_id IN ({ids}) AND d.lease_token = {p}')
 _RELEASE = ('UPDATE delivery SET state = {p}, due_at = {p}, lease_token = NULL '
             'WHERE lease_token = {p} AND event_id = {p} AND {in_flight}')
-# A subscription whose secret this process cannot open: its pending deliveries wait with the one given
-# back, or each scan would take (and log) the next.
+# A delivery given back unattempted, due later (_put_off): its subscription's pending deliveries wait with
+# it, so that none overtakes it, and, when this process cannot open the subscription's secret, so that
+# each scan does not take (and log) the next.
 _POSTPONE = "UPDATE delivery SET due_at = {p} WHERE subscription_id = {p} AND state = 'pending' AND due_at < {p}"
 _FINISH = ('UPDATE delivery SET state = {p}, attempts = {p}, due_at = {p}, lease_token = NULL '
            'WHERE event_id = {p} AND lease_token = {p}')
@@ -105,6 +106,7 @@ class Claim:
     attempt: int
     lease_token: str
     subscription_id: str
+    organization_id: str
     url: str
     secret: str = field(repr=False)  # a repr may reach a log line or a traceback
     failing: bool = False  # when claimed, the subscription's last attempt had failed: a failing slot
@@ -181,8 +183,7 @@ def _attemptable(rows: list[dict], token: str, now_ms: int, lease_ms: int, polic
             claim = _claim_of(row, token)
         except SealingError as error:
             log.error("delivery of %s not attempted: %s", row["event_id"], error)
-            _release(token, row["event_id"], Delivery.PENDING, now_ms + lease_ms)
-            run_sql(_POSTPONE, (now_ms + lease_ms, row["subscription_id"], now_ms + lease_ms))
+            _put_off(token, row["event_id"], row["subscription_id"], now_ms + lease_ms)
             continue
         if row["unrecorded"] >= MAX_UNRECORDED:
             _record_failure(claim, NEVER_RECORDED, now_ms, now_ms, policy, 0.0, made)
@@ -195,7 +196,7 @@ def _claim_of(row: dict, token: str) -> Claim:
     """A claim from its delivery, event and subscription row. The attempt number is written only
     when an outcome is recorded: an attempt cut short is made again under the same number."""
     return Claim(row["event_id"], row["kind"], bytes(row["body"]), row["attempts"] + 1, token,
-                 row["subscription_id"], row["url"],
+                 row["subscription_id"], row["organization_id"], row["url"],
                  open_secret(row["subscription_id"], row["secret_key_id"], row["secret_sealed"]),
                  row["consecutive_failures"] > 0)
 
@@ -289,6 +290,21 @@ def release(claims: list[Claim], now_ms: int) -> int:
     the attempt not counted, so another process (or this one restarted) takes them at once."""
     with write_transaction(durable=False):
         return sum(_release(claim.lease_token, claim.event_id, Delivery.PENDING, now_ms) for claim in claims)
+
+
+def put_off(claim: Claim, due_ms: int) -> bool:
+    """Give back a claim whose attempt could not start (no DNS lookup of its host could: delivery.py):
+    pending, due at `due_ms`, the attempt not counted, its subscription's pending deliveries due no
+    sooner. Whether the lease was still ours."""
+    with write_transaction(durable=False):
+        return _put_off(claim.lease_token, claim.event_id, claim.subscription_id, due_ms)
+
+
+def _put_off(lease_token: str, event_id: str, subscription_id: str, due_ms: int) -> bool:
+    released = _release(lease_token, event_id, Delivery.PENDING, due_ms)
+    if released:
+        run_sql(_POSTPONE, (due_ms, subscription_id, due_ms))
+    return bool(released)
 
 
 def _release(lease_token: str, event_id: str, state: str, due_at: int | None) -> int:

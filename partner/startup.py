@@ -57,7 +57,7 @@ def start_service(app: Flask, workers: int = 1) -> None:
     _check_before_writing(app, _status(database, url))
     _migrate(database, url)
     with database.connection_context():
-        _guard(url, "make its cursor key", app.extensions["cursor_key"])
+        _guard(url, "make its cursor key", app.extensions["cursors"])
     database.close_all()  # no connection crosses the fork into the workers
 
 

@@ -17,7 +17,8 @@ from partner.outbox import claim_due
 from models import Delivery, Failure, Subscription, db
 from tests.receivers import Receiver, drip, drip_bytes, hang, read_request
 from partner.timestamps import iso
-from tests.support import WEBHOOKS, field_codes, json_of
+from delivery import LOOKUP_BUSY_RETRY_SECONDS
+from tests.support import WEBHOOKS, bearer, eventually, field_codes, json_of, ping_as
 
 DAY = 86400
 
@@ -321,6 +322,38 @@ def test_the_lookup_counts_against_the_attempts_deadline(resolver, subscribe, pi
         assert 1.0 <= elapsed < 1.5 and 1000 <= record["duration_ms"] < 1500
     finally:
         slow.stop()
+
+
+@pytest.mark.config(DELIVERY_CONCURRENCY=2, DELIVERY_TIMEOUT=0.3)  # two lookup threads, one per organization
+def test_an_attempt_no_lookup_could_start_for_is_put_off_not_failed(
+        client, issue_key, resolver, receiver, subscribe, ping, dispatcher, failures, listed, clock):
+    lame = []
+    for tenant in ("lame-1", "lame-2"):  # each holds a lookup thread with a name that never answers
+        headers, name = bearer(issue_key(tenant)), f"{tenant}.partner.example"
+        resolver.answers[name] = ["127.0.0.1"]
+        lame.append((headers, json_of(client.post(WEBHOOKS, json={"url": receiver.url_for(name)}, headers=headers), 201)))
+        resolver.stalled.add(name)
+        ping_as(client, headers, lame[-1][1])
+    clock.advance(0.001)  # ours falls due after theirs
+    resolver.answers["ours.partner.example"] = ["127.0.0.1"]
+    ours = subscribe(receiver.url_for("ours.partner.example"))
+    ping(ours)
+    dispatcher.run_due()
+    for headers, theirs in lame:  # their own names: their own timeouts
+        [record] = client.get(f"{WEBHOOKS}/{theirs['id']}/failures", headers=headers).get_json()["data"]
+        assert record["error"] == "timeout"
+    assert (failures(ours)["data"], listed(ours)["consecutive_failures"], receiver.received) == ([], 0, [])
+    resolver.released.set()  # the lookups in its way end; it goes out at its next turn, as attempt 1
+
+    def arrived() -> list:
+        return [r for r in receiver.received if r.headers["Host"].startswith("ours.")]
+
+    def delivered() -> bool:
+        clock.advance(LOOKUP_BUSY_RETRY_SECONDS)
+        dispatcher.run_due()
+        return bool(arrived())
+    assert eventually(delivered)
+    assert ([r.headers["X-VC-Attempt"] for r in arrived()], failures(ours)["data"]) == (["1"], [])
 
 
 @pytest.mark.parametrize("answer, detail", [

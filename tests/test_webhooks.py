@@ -6,14 +6,14 @@ import time
 
 import pytest
 
+from app import CREATE_LOOKUPS_PER_ORGANIZATION
 from partner.keys import parse_key
-from tests.support import WEBHOOKS, bearer, field_codes, validation_errors
+from tests.support import WEBHOOKS, assert_unavailable, bearer, eventually, field_codes, in_thread, validation_errors
 
 PUBLIC_URL = "http://93.184.215.14/"
 NAMED_URL = "https://hooks.partner.example/hooks?source=vc"
 CLOCK_START = 1_800_000_000.0005  # 2027-01-15T08:00:00.000Z; the half millisecond keeps float steps off a boundary
 SECRET = re.compile(r"whsec_[A-Za-z0-9_-]{43,}")
-B64URL = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
 
 
 def create(client, headers, url=PUBLIC_URL, **fields):
@@ -159,55 +159,6 @@ def test_limit_out_of_range_is_422(client, auth, limit):
     response = client.get(WEBHOOKS, query_string={"limit": limit}, headers=auth)
     assert validation_errors(response) == [
         {"field": "limit", "code": "out_of_range", "message": "limit must be an integer from 1 to 100."}]
-
-
-def next_cursor(client, headers) -> str:
-    for _ in range(2):
-        create(client, headers)
-    cursor = client.get(WEBHOOKS, query_string={"limit": 1}, headers=headers).get_json()["next_cursor"]
-    assert cursor
-    return cursor
-
-
-def flip(text: str, index: int) -> str:
-    char = text[index]
-    return text[:index] + ("B" if char == "A" else "A") + text[index + 1:]
-
-
-def assert_invalid_cursor(response):
-    assert validation_errors(response) == [
-        {"field": "cursor", "code": "invalid_cursor", "message": "This cursor was not issued for this list."}]
-
-
-@pytest.mark.parametrize("where", ["payload start", "payload middle", "mac start"])
-def test_tampered_cursor_is_422(client, auth, where):
-    cursor = next_cursor(client, auth)
-    dot = cursor.index(".")
-    index = {"payload start": 0, "payload middle": dot // 2, "mac start": dot + 1}[where]
-    assert_invalid_cursor(client.get(WEBHOOKS, query_string={"cursor": flip(cursor, index)}, headers=auth))
-
-
-def test_cursor_with_a_changed_last_character_is_422(client, auth):
-    cursor = next_cursor(client, auth)
-    last = B64URL[B64URL.index(cursor[-1]) ^ 1]  # differs only in a bit base64 decoding discards
-    assert_invalid_cursor(client.get(WEBHOOKS, query_string={"cursor": cursor[:-1] + last}, headers=auth))
-
-
-@pytest.mark.parametrize("cursor", ["", "garbage", ".", "a.b", "x" * 500, "é.é", "W10.AAAAAAAAAAAAAAAAAAAAAA"])
-def test_garbage_cursor_is_422(client, auth, cursor):
-    assert_invalid_cursor(client.get(WEBHOOKS, query_string={"cursor": cursor}, headers=auth))
-
-
-def test_cursor_of_another_organization_is_422(client, issue_key):
-    acme, globex = bearer(issue_key("acme")), bearer(issue_key("globex"))
-    create(client, globex)
-    assert_invalid_cursor(client.get(WEBHOOKS, query_string={"cursor": next_cursor(client, acme)},
-                                     headers=globex))
-
-
-def test_bad_limit_and_bad_cursor_are_reported_together(client, auth):
-    response = client.get(WEBHOOKS, query_string={"limit": "0", "cursor": "garbage"}, headers=auth)
-    assert field_codes(response) == [("limit", "out_of_range"), ("cursor", "invalid_cursor")]
 
 
 # --- delete ---------------------------------------------------------------------------------------
@@ -381,6 +332,27 @@ def test_a_name_whose_dns_does_not_answer_within_2_s_is_invalid(client, auth, re
     assert field_codes(response) == [("url", "invalid_url")]
     assert 2.0 <= elapsed < 3.0
     assert ids(client, auth) == []
+
+
+def test_creates_at_names_that_never_answer_leave_another_organization_alone(client, issue_key, resolver):
+    attacker, partner = bearer(issue_key("attacker")), bearer(issue_key("partner"))
+    answers, errors = [], []
+    names = [f"a{n}.lame.example" for n in range(12)]
+    resolver.stalled.update(names)
+    waiting = [in_thread(lambda name=name: answers.append(create(client, attacker, f"https://{name}/h")), errors)
+               for name in names]
+    refused = len(names) - CREATE_LOOKUPS_PER_ORGANIZATION
+    assert eventually(lambda: len(answers) >= refused)  # the attacker's own bound: at once
+    started = time.monotonic()
+    response = create(client, partner, NAMED_URL)
+    assert (response.status_code, time.monotonic() - started < 1) == (201, True)
+    for thread in waiting:
+        thread.join()
+    assert errors == []
+    for answer in answers[:refused]:  # not judged, so not invalid_url: retry later
+        assert_unavailable(answer)
+    assert [field_codes(answer) for answer in answers[refused:]] == [[("url", "invalid_url")]] * (len(names) - refused)
+    assert ids(client, attacker) == []
 
 
 def test_name_resolving_to_a_public_address_is_accepted(client, auth, resolver):

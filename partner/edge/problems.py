@@ -1,5 +1,5 @@
-"""Every error rendered as RFC 9457 problem+json: the handlers, and the 503s of a database outage and
-of a secret this process cannot open."""
+"""Every error rendered as RFC 9457 problem+json: the handlers, and the 503s of a database outage, of
+a secret this process cannot open, and of a DNS lookup that cannot start."""
 
 import logging
 from http import HTTPStatus
@@ -9,6 +9,7 @@ from werkzeug.exceptions import HTTPException
 
 from partner.store.availability import database_failed, is_unavailable
 from partner.errors import ApiError
+from partner.outbound.dns import LookupsBusy
 from partner.sealing import SealingError
 
 log = logging.getLogger(__name__)
@@ -48,6 +49,7 @@ def register_error_handlers(app: Flask) -> None:
     app.register_error_handler(ApiError, _api_error)
     app.register_error_handler(HTTPException, _http_error)
     app.register_error_handler(SealingError, _secret_unreadable)
+    app.register_error_handler(LookupsBusy, _lookups_busy)
     app.register_error_handler(Exception, _unexpected_error)
 
 
@@ -82,6 +84,15 @@ def _secret_unreadable(error: SealingError) -> Response:
     return _retry_later(problem(503, "service_unavailable",
                                 "This server cannot open the subscription's stored secret right now (as while "
                                 "encryption keys are being changed); nothing was changed. Retry later."))
+
+
+def _lookups_busy(error: LookupsBusy) -> Response:
+    """503: the URL's host could not even be looked up now, as other lookups hold what a lookup needs
+    (partner/outbound/dns.py). The URL was not judged, so this is no invalid_url; nothing changed."""
+    log.info("request not served: DNS lookup not started (%s)", error)
+    return _retry_later(problem(503, "service_unavailable",
+                                "The service cannot look up the URL's host right now: too many lookups are "
+                                "under way. Nothing was changed. Retry later."))
 
 
 def _storage_unavailable(error: Exception) -> Response:

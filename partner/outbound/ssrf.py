@@ -252,7 +252,9 @@ def _agreed_request_target(url: str, scheme: str, raw_host: str, bracketed: bool
 
 
 def _lookup(resolve: Resolver, host: str) -> Sequence[str]:
-    """Ask the resolver once; a failure to answer is unresolvable, no answer in time lookup_timeout."""
+    """Ask the resolver once; a failure to answer is unresolvable, no answer in time lookup_timeout.
+    Anything else the resolver raises (dns.LookupsBusy: no lookup could start) is no verdict on the
+    URL and reaches the caller as it is."""
     try:
         return resolve(host) or ()
     except TimeoutError:
