@@ -104,6 +104,43 @@ def test_a_local_window_passes_exactly_the_limit_in_any_60_seconds(clock):
     assert (window.allowed, window.remaining, window.reset_at) == (True, 0, clock() - 50 + 60)
 
 
+def test_a_local_window_after_a_lowered_limit_resets_when_a_request_would_pass(clock):
+    from partner.edge.ratelimit import LocalWindows
+    clock.now = 1_000_000
+    windows = LocalWindows(clock)
+    for _ in range(5):
+        windows.hit("org", "a", 10)
+        clock.advance(1)
+    window = windows.hit("org", "a", 2)  # the operator lowered the limit: 5 counted, 1 may stay
+    assert (window.allowed, window.remaining, window.reset_at) == (False, 0, 1_000_003 + 60)
+    clock.now = window.reset_at - 0.001
+    assert not windows.hit("org", "a", 2).allowed
+    clock.now = window.reset_at
+    assert windows.hit("org", "a", 2).allowed
+
+
+@pytest.mark.parametrize("config", ["memory"], indirect=True)
+def test_a_spent_budget_returns_when_the_service_clock_passes_its_window(client, issue_key, clock):
+    key = issue_key(org="stepped", rate_limit=2)
+    assert [get_me(client, key).status_code for _ in range(2)] == [200, 200]
+    refused = get_me(client, key)
+    assert (refused.status_code, refused.headers["Retry-After"]) == (429, "60")
+    clock.advance(59)
+    assert get_me(client, key).headers["Retry-After"] == "1"
+    clock.advance(1)
+    response = get_me(client, key)
+    assert response.status_code == 200
+    assert response.get_json()["rate_limit_remaining"] == 1  # the two first left the window together
+
+
+@pytest.mark.parametrize("config", ["memory"], indirect=True)
+def test_a_failed_authentication_budget_returns_when_the_service_clock_passes_its_window(app, client, clock):
+    app.extensions["rate_limits"].auth_failures_per_minute = 1
+    assert [client.get(ME).status_code for _ in range(2)] == [401, 429]
+    clock.advance(60)
+    assert client.get(ME).status_code == 401
+
+
 def test_a_local_window_forgets_idle_budgets(clock):
     from partner.edge.ratelimit import LocalWindows
     windows = LocalWindows(clock)
