@@ -8,7 +8,6 @@ import click
 from flask import Blueprint, Flask, current_app, g, request
 from playhouse.shortcuts import model_to_dict
 from werkzeug.exceptions import NotFound
-from werkzeug.middleware.proxy_fix import ProxyFix
 
 from delivery import Dispatcher
 from models import DatabaseTooOld, db, open_database
@@ -25,6 +24,7 @@ from partner.edge.health import install_health
 from partner.edge.ops_port import install_ops_port
 from partner.edge.pagination import cursor_key, encode_cursor, read_page_args
 from partner.edge.problems import register_error_handlers
+from partner.edge.proxies import ForwardedFromProxies
 from partner.edge.ratelimit import RateLimits
 from partner.edge.request_ids import install_request_ids
 from partner.edge.response_headers import install_response_headers
@@ -70,7 +70,7 @@ def create_app(overrides: dict | None = None) -> Flask:
     install_health(app)  # first: it counts every request, those the hooks below refuse too
     install_request_ids(app)
     install_response_headers(app)
-    _trust_proxies(app, app.config["TRUSTED_PROXIES"])
+    _trust_proxies(app, app.config["TRUSTED_PROXIES"], app.config["TRUSTED_PROXY_NETWORKS"])
     app.before_request(_refuse_doubled_slashes)
     install_ops_port(app)
     app.teardown_request(_close_connection)
@@ -170,11 +170,12 @@ def _say_if_the_database_cannot_write(app: Flask) -> None:
                   "not ready until it can", database_name(app.config["DATABASE_URL"]), describe(error))
 
 
-def _trust_proxies(app: Flask, hops: int) -> None:
+def _trust_proxies(app: Flask, hops: int, proxies: tuple) -> None:
     # The client address (the failed-authentication budget's key) and scheme as the last `hops`
-    # proxies saw them; with none, X-Forwarded-* are only text a client wrote.
+    # proxies saw them, when the request comes from one; with none, X-Forwarded-* are only text a
+    # client wrote.
     if hops:
-        app.wsgi_app = ProxyFix(app.wsgi_app, x_for=hops, x_proto=hops)
+        app.wsgi_app = ForwardedFromProxies(app.wsgi_app, hops, proxies)
 
 
 def _refuse_doubled_slashes() -> None:

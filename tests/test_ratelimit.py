@@ -154,9 +154,11 @@ def test_a_local_window_forgets_idle_budgets(clock):
     assert list(windows._hits) == [("org", "busy")]
 
 
-def failed_logins(client, forwarded_for: str, times: int) -> list[int]:
-    """Statuses of `times` unauthenticated requests, as a proxy would forward them."""
-    return [client.get(ME, headers={"X-Forwarded-For": forwarded_for}).status_code for _ in range(times)]
+def failed_logins(client, forwarded_for: str, times: int, environ: dict | None = None) -> list[int]:
+    """Statuses of `times` unauthenticated requests, as a proxy (at 127.0.0.1, unless `environ`
+    names another REMOTE_ADDR) would forward them."""
+    return [client.get(ME, headers={"X-Forwarded-For": forwarded_for}, environ_base=environ or {}).status_code
+            for _ in range(times)]
 
 
 @pytest.mark.config(TRUSTED_PROXIES=1)
@@ -172,3 +174,31 @@ def test_without_a_trusted_proxy_x_forwarded_for_cannot_buy_a_fresh_budget(app, 
     app.extensions["rate_limits"].auth_failures_per_minute = 3
     statuses = [failed_logins(client, f"203.0.113.{n}", 1)[0] for n in range(4)]
     assert statuses == [401, 401, 401, 429]
+
+
+@pytest.mark.config(TRUSTED_PROXIES=1)
+def test_a_client_outside_the_trusted_proxy_addresses_cannot_choose_its_address(app, client):
+    """A client reaching the service without the proxy writes X-Forwarded-For itself: it is
+    ignored, and every failure counts against the client's own address."""
+    app.extensions["rate_limits"].auth_failures_per_minute = 3
+    outsider = {"REMOTE_ADDR": "198.51.100.20"}
+    statuses = [client.get(ME, headers={"X-Forwarded-For": f"203.0.113.{n}"}, environ_base=outsider).status_code
+                for n in range(6)]
+    assert statuses == [401, 401, 401, 429, 429, 429]
+    assert client.get(ME, environ_base=outsider).status_code == 429  # without the header: the same budget
+
+
+@pytest.mark.config(TRUSTED_PROXIES=1, TRUSTED_PROXY_ADDRESSES=["10.0.0.5/32", "::1/128"])
+@pytest.mark.parametrize("proxy", ["10.0.0.5", "::ffff:10.0.0.5", "::1"])
+def test_a_proxy_in_the_trusted_addresses_is_believed(app, client, proxy):
+    app.extensions["rate_limits"].auth_failures_per_minute = 1
+    from_proxy = {"REMOTE_ADDR": proxy}
+    assert failed_logins(client, "203.0.113.1", 2, from_proxy) == [401, 429]
+    assert failed_logins(client, "203.0.113.2", 1, from_proxy) == [401]
+
+
+@pytest.mark.config(TRUSTED_PROXIES=1, TRUSTED_PROXY_ADDRESSES=["10.0.0.5/32"])
+def test_loopback_is_not_trusted_once_the_addresses_name_another_proxy(app, client):
+    app.extensions["rate_limits"].auth_failures_per_minute = 1
+    assert failed_logins(client, "203.0.113.1", 1) == [401]
+    assert failed_logins(client, "203.0.113.2", 1) == [429]  # both counted against 127.0.0.1
