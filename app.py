@@ -35,6 +35,7 @@ from partner.operator.cli import (AS_IT_IS, COMMANDS, NEEDS_KEYS, NEEDS_NOTHING,
                                   runs_a_command)
 from partner.operator.logs import database_name
 from partner.outbound.dns import Lookups
+from partner.private_files import keep_private
 from partner.events import TEST_PING, failures_page, trigger_test_ping
 from partner.subscriptions import (create_subscription, delete_subscription, find_subscription, list_subscriptions,
                                    subscription_fields)
@@ -93,6 +94,7 @@ def _open_storage(app: Flask) -> None:
     if runs_a_command(NEEDS_NOTHING) or only_shows_help():
         return
     url = app.config["DATABASE_URL"]
+    keep_private(sqlite_path(url) if url.startswith("sqlite") else None, _key_file(app), app.instance_path)
     if runs_a_command(AS_IT_IS):  # it reads or changes the database as it is, and serves nothing
         _refuse_a_missing_file(url)
         if runs_a_command(NEEDS_KEYS):
@@ -142,11 +144,14 @@ def _refuse(error: Exception, message: str, *args) -> NoReturn:
 def _load_keys(app: Flask) -> None:
     """The keys that seal webhook secrets; a setting that cannot be used is refused in one line."""
     url = app.config["DATABASE_URL"]
-    key_file = app.config["ENCRYPTION_KEY_FILE"] or os.path.join(app.instance_path, "encryption.key")
     try:
-        sealing.use(sealing.load_keyring(app.config["ENCRYPTION_KEYS"], key_file, url.startswith("sqlite")))
+        sealing.use(sealing.load_keyring(app.config["ENCRYPTION_KEYS"], _key_file(app), url.startswith("sqlite")))
     except sealing.SealingError as error:
         _refuse(error, "refusing to start: %s", error)
+
+
+def _key_file(app: Flask) -> str:
+    return app.config["ENCRYPTION_KEY_FILE"] or os.path.join(app.instance_path, "encryption.key")
 
 
 def _refuse_unknown_keys(app: Flask) -> None:
