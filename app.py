@@ -6,7 +6,6 @@ import logging
 from flask import Blueprint, Flask, current_app, g, request
 from playhouse.shortcuts import model_to_dict
 from werkzeug.exceptions import NotFound
-from werkzeug.middleware.proxy_fix import ProxyFix
 
 from delivery import Dispatcher
 from partner.config import load_config
@@ -16,6 +15,7 @@ from partner.edge.health import install_health
 from partner.edge.ops_port import install_ops_port
 from partner.edge.pagination import Cursors, cursor_key, read_page_args
 from partner.edge.problems import register_error_handlers
+from partner.edge.proxies import ForwardedFromProxies
 from partner.edge.ratelimit import RateLimits
 from partner.edge.request_ids import install_request_ids
 from partner.edge.response_headers import install_response_headers
@@ -67,7 +67,7 @@ def create_app(overrides: dict | None = None) -> Flask:
     install_health(app)  # first: it counts every request, those the hooks below refuse too
     install_request_ids(app)
     install_response_headers(app)
-    _trust_proxies(app, app.config["TRUSTED_PROXIES"])
+    _trust_proxies(app, app.config["TRUSTED_PROXIES"], app.config["TRUSTED_PROXY_NETWORKS"])
     app.before_request(_refuse_doubled_slashes)
     install_ops_port(app)
     app.teardown_request(_close_connection)
@@ -79,11 +79,12 @@ def create_app(overrides: dict | None = None) -> Flask:
     return app
 
 
-def _trust_proxies(app: Flask, hops: int) -> None:
+def _trust_proxies(app: Flask, hops: int, proxies: tuple) -> None:
     # The client address (the failed-authentication budget's key) and scheme as the last `hops`
-    # proxies saw them; with none, X-Forwarded-* are only text a client wrote.
+    # proxies saw them, when the request comes from one; with none, X-Forwarded-* are only text a
+    # client wrote.
     if hops:
-        app.wsgi_app = ProxyFix(app.wsgi_app, x_for=hops, x_proto=hops)
+        app.wsgi_app = ForwardedFromProxies(app.wsgi_app, hops, proxies)
 
 
 def _refuse_doubled_slashes() -> None:

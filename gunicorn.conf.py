@@ -9,7 +9,7 @@ import tempfile
 
 from flask import Config
 
-from partner.config import is_port
+from partner.config import DEFAULTS, is_port
 from partner.edge.ops_port import unserved_ops_port
 from partner.errors import APP_LOAD_ERROR, StartRefused
 from partner.telemetry.logs import ACCESS_FORMAT, GunicornLogger, logging_config
@@ -17,12 +17,16 @@ from partner.telemetry.logs import ACCESS_FORMAT, GunicornLogger, logging_config
 wsgi_app = "wsgi:app"
 
 
-def _ops_port() -> int | None:
-    """PARTNER_OPS_PORT as the app reads it (Flask's from_prefixed_env); a value that is not a port
-    is the app's to refuse, naming it."""
+def _setting(name: str):
+    """PARTNER_<name> as the app reads it (Flask's from_prefixed_env), or its default."""
     settings = Config(os.getcwd())
     settings.from_prefixed_env("PARTNER")
-    port = settings.get("OPS_PORT")
+    return settings.get(name, DEFAULTS.get(name))
+
+
+def _ops_port() -> int | None:
+    """PARTNER_OPS_PORT; a value that is not a port is the app's to refuse, naming it."""
+    port = _setting("OPS_PORT")
     return port if is_port(port) else None
 
 

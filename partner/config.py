@@ -33,6 +33,8 @@ DEFAULTS = {
     # Reverse-proxy hops whose X-Forwarded-For / -Proto are believed (docs/deploying.md). 0: a client can
     # never choose the address its failed authentications are counted against.
     "TRUSTED_PROXIES": 0,
+    # ...and only from a peer in these networks (edge/proxies.py): loopback, where the kit's nginx is.
+    "TRUSTED_PROXY_ADDRESSES": ["127.0.0.1/32", "::1/128"],
     # A second port for /healthz, /readyz, /metrics, /openapi.json and /docs (edge/ops_port.py); unset:
     # they answer on the partner port.
     "OPS_PORT": None,
@@ -56,7 +58,8 @@ def load_config(app: Flask, overrides: dict | None) -> None:
     app.config.update({name: DEFAULTS[name] for name in SEAMS})  # never from the environment
     app.config.update(overrides or {})
     check_config(app.config)
-    app.config["ALLOWED_NETWORKS"] = ssrf.parse_networks(app.config["WEBHOOK_ALLOWED_NETWORKS"])
+    app.config["ALLOWED_NETWORKS"] = _networks(app.config, "WEBHOOK_ALLOWED_NETWORKS")
+    app.config["TRUSTED_PROXY_NETWORKS"] = _networks(app.config, "TRUSTED_PROXY_ADDRESSES")
 
 
 def check_config(config) -> None:
@@ -81,6 +84,23 @@ def check_config(config) -> None:
     _require("LOG_FORMAT", config["LOG_FORMAT"] in FORMATS, " or ".join(FORMATS))
     for name in ("DATABASE_URL", "RATELIMIT_STORAGE_URI"):
         _require(name, isinstance(config[name], str) and "://" in config[name], "a URL")
+
+
+def separate_budgets(storage_uri: str, workers: int) -> str | None:
+    """What an operator must hear at start-up when `workers` processes each count rate limits in
+    their own memory (each grants the whole budget again); None when they share a storage."""
+    if workers <= 1 or not storage_uri.startswith("memory://"):
+        return None
+    return (f"{workers} workers each count rate limits in their own memory (PARTNER_RATELIMIT_STORAGE_URI="
+            f"{storage_uri}): an organization gets up to {workers} times its limit, and a client {workers} "
+            f"times its failed-authentication budget; set PARTNER_RATELIMIT_STORAGE_URI=redis://... to share them")
+
+
+def _networks(config, name: str) -> tuple:
+    try:
+        return ssrf.parse_networks(config[name])
+    except ValueError as error:
+        raise ValueError(f"PARTNER_{name}: {error}") from None
 
 
 def _require(name: str, ok: bool, expected: str) -> None:

@@ -1,13 +1,21 @@
 """Text from outside (response bodies, partner input) made safe to store on every backend.
 
 PostgreSQL refuses NUL in text; other C0 controls are harmless to store but break logs and terminals
-of whoever reads them. One rule for all of it, here.
+of whoever reads them. A label a partner writes and pages show (a description) must also be shown
+as it is stored: no C1 control (U+009B starts a terminal escape, U+0085 breaks a line) and no bidi
+control, which makes a page show its text in another order (Trojan Source). One rule for all of it, here.
 """
+
+import unicodedata
 
 EXCERPT_BYTES = 1024
 REPLACEMENT = "\ufffd"
 # C0 controls other than tab and newline.
 _CONTROLS = {code: REPLACEMENT for code in range(0x20) if chr(code) not in "\t\n"}
+# Unicode's Bidi_Control characters: the contract's marks, embeddings, overrides and isolates, and
+# the Arabic letter mark, which acts as one.
+BIDI_CONTROLS = frozenset([0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A)])
+_NOT_IN_A_LABEL = frozenset(_CONTROLS) | frozenset(range(0x7F, 0xA0)) | BIDI_CONTROLS  # DEL and C1 too
 
 
 def clean(text: str) -> str:
@@ -18,6 +26,18 @@ def clean(text: str) -> str:
 def has_controls(text: str) -> bool:
     """Whether `clean` would change `text`."""
     return any(ord(ch) in _CONTROLS for ch in text)
+
+
+def unfit_for_a_label(text: str) -> str | None:
+    """The first character of `text` a label must not hold (a control but tab and newline, a bidi
+    control), or None."""
+    return next((ch for ch in text if ord(ch) in _NOT_IN_A_LABEL), None)
+
+
+def character_name(ch: str) -> str:
+    """`U+202E RIGHT-TO-LEFT OVERRIDE`; a control character has a code point only (`U+0085`)."""
+    name = unicodedata.name(ch, "")
+    return f"U+{ord(ch):04X} {name}" if name else f"U+{ord(ch):04X}"
 
 
 def excerpt(body: bytes, limit: int = EXCERPT_BYTES) -> str:

@@ -23,7 +23,9 @@ from flask import Flask
 from peewee import SqliteDatabase
 
 from partner import sealing
+from partner.config import separate_budgets
 from partner.errors import StartRefused
+from partner.private_files import keep_private
 from partner.resealing import check_stored_keys
 from partner.store import migrations
 from partner.store.availability import describe, is_unavailable
@@ -47,13 +49,17 @@ def start_service(app: Flask, workers: int = 1) -> None:
     url = app.config["DATABASE_URL"]
     database = app.extensions["database"]
     _check_delivery_settings(app)
+    _keep_private(app)
     _require_supported(database, url)
     if sqlite_file(url):
         make_directory(url)
         hold_serving_lock(sqlite_file(url))  # `flask db restore` refuses while it is held
-        if workers > 1:
+        if workers > 1:  # correct, but no faster
             log.warning("SQLite is served by one process: %d workers share its one writer and deliver no "
                         "more than one; more processes need PostgreSQL (docs/deploying.md)", workers)
+    budgets = separate_budgets(app.config["RATELIMIT_STORAGE_URI"], workers)
+    if budgets:
+        log.warning(budgets)
     _check_before_writing(app, _status(database, url))
     _migrate(database, url)
     with database.connection_context():
@@ -82,6 +88,7 @@ def start_command(app: Flask, needs: str, keys: bool = False) -> None:
     if needs == NOTHING:
         return
     url, database = app.config["DATABASE_URL"], app.extensions["database"]
+    _keep_private(app)
     _require_supported(database, url)
     path = sqlite_file(url)
     if path and not os.path.exists(path):
@@ -162,9 +169,19 @@ def _guard(url: str, doing: str, work):
                 doing, describe(error))
 
 
+def _keep_private(app: Flask) -> None:
+    """Every file this process makes from now on, and the data files already there, readable by the
+    service's user only."""
+    keep_private(sqlite_file(app.config["DATABASE_URL"]), _key_file(app), app.instance_path)
+
+
+def _key_file(app: Flask) -> str:
+    return app.config["ENCRYPTION_KEY_FILE"] or os.path.join(app.instance_path, "encryption.key")
+
+
 def _load_keys(app: Flask) -> None:
     """The keys that seal webhook secrets; a setting that cannot be used is refused in one line."""
-    key_file = app.config["ENCRYPTION_KEY_FILE"] or os.path.join(app.instance_path, "encryption.key")
+    key_file = _key_file(app)
     may_use_file = sqlite_file(app.config["DATABASE_URL"]) is not None
     try:
         sealing.use(sealing.load_keyring(app.config["ENCRYPTION_KEYS"], key_file, may_use_file))

@@ -35,13 +35,15 @@ def subscription_fields(resolve: ssrf.Resolver, allowed_networks) -> tuple[Field
     """The fields of a subscription definition; the URL is vetted with `resolve`."""
     return (Field("url", required=True, max_length=ssrf.MAX_URL_LENGTH,
                   check=target_check(resolve, allowed_networks)),
-            Field("description", max_length=MAX_DESCRIPTION_LENGTH, check=no_controls))
+            Field("description", max_length=MAX_DESCRIPTION_LENGTH, check=plain_label))
 
 
-def no_controls(text: str) -> tuple[str, str] | None:
-    """Refuse NUL and other control characters (PostgreSQL cannot store NUL; none belongs in a label)."""
-    if safe_text.has_controls(text):
-        return "invalid_type", "This field must be text without control characters (tab and newline allowed)."
+def plain_label(text: str) -> tuple[str, str] | None:
+    """Refuse control and bidi control characters, naming the first (safe_text.unfit_for_a_label)."""
+    unfit = safe_text.unfit_for_a_label(text)
+    if unfit is not None:
+        return "invalid_type", (f"This field must be plain text: {safe_text.character_name(unfit)} is a control "
+                                f"or bidi formatting character (tab and newline are allowed).")
     return None
 
 

@@ -1,12 +1,14 @@
 """config.py: PARTNER_DELIVERY_CA_BUNDLE and PARTNER_TRUSTED_PROXIES are checked at start-up, like every
 other setting."""
 
+import re
 import time
 
 import pytest
 
 from app import create_app
 from tests.support import started_app
+from partner.config import separate_budgets
 from partner.errors import StartRefused
 from partner.outbound import ssrf
 from tests.gunicorn_server import run_flask
@@ -54,6 +56,24 @@ def test_trusted_proxies_that_is_not_a_whole_number_of_hops_stops_start_up(confi
     monkeypatch.setenv("PARTNER_TRUSTED_PROXIES", hops)
     with pytest.raises(StartRefused, match="PARTNER_TRUSTED_PROXIES"):
         create_app(config)
+
+
+@pytest.mark.parametrize("addresses, named", [('"127.0.0.1/32"', "'127.0.0.1/32'"),
+                                               ('["127.0.0.1/8"]', "'127.0.0.1/8'"), ('["proxy"]', "'proxy'")])
+def test_trusted_proxy_addresses_that_are_not_networks_stop_start_up_naming_the_entry(config, monkeypatch,
+                                                                                      addresses, named):
+    monkeypatch.setenv("PARTNER_TRUSTED_PROXY_ADDRESSES", addresses)
+    with pytest.raises(StartRefused, match=re.escape(f"PARTNER_TRUSTED_PROXY_ADDRESSES: ") + ".*" + re.escape(named)):
+        create_app(config)
+
+
+@pytest.mark.parametrize("uri, workers, warned", [("memory://", 2, True), ("memory://", 1, False),
+                                                  ("redis://127.0.0.1:6379/0", 4, False)])
+def test_separate_in_memory_budgets_are_announced(uri, workers, warned):
+    warning = separate_budgets(uri, workers)
+    assert bool(warning) is warned
+    if warned:
+        assert f"{workers} times its limit" in warning and "PARTNER_RATELIMIT_STORAGE_URI=redis://" in warning
 
 
 def test_a_retention_longer_than_a_century_stops_start_up(config):

@@ -10,7 +10,7 @@ ROOT_MODULES = ("signing", "models", "delivery", "app", "wsgi", "gunicorn.conf")
 
 # Low to high. A module belongs to the first layer naming it or a package above it.
 LAYERS = (
-    ("signing", "partner.timestamps", "partner.errors", "partner.safe_text", "partner.sealing"),
+    ("signing", "partner.timestamps", "partner.errors", "partner.safe_text", "partner.sealing", "partner.private_files"),
     ("partner.telemetry", "partner.outbound", "partner.config", "partner.validation"),
     ("partner.store", "models"),
     ("partner.keys", "partner.subscriptions", "partner.events", "partner.outbox", "partner.claims",

@@ -212,8 +212,13 @@ def test_a_sane_request_id_is_echoed(client, path):
     assert response.headers["X-Request-Id"] == "req-42.Abc_9"
 
 
-@pytest.mark.parametrize("sent", [None, "", "a" * 129, "two words", "semi;colon", "ünïcode",
-                                  "line\u2028break", "<script>"])
+@pytest.mark.parametrize("sent", ["a" * 64, "0f8fad5b-d9cb-469f-a165-70867728950e", "9" * 32])
+def test_a_short_plain_request_id_is_kept(client, sent):
+    assert client.get("/healthz", headers={"X-Request-Id": sent}).headers["X-Request-Id"] == sent
+
+
+@pytest.mark.parametrize("sent", [None, "", "a" * 65, "a" * 129, "-", ".", "--", "-rf", "two words",
+                                  "semi;colon", "ünïcode", "line\u2028break", "<script>", "evil\x1b[2K"])
 def test_a_missing_or_insane_request_id_is_replaced_by_a_generated_one(client, sent):
     headers = {} if sent is None else {"X-Request-Id": sent}
     first = client.get("/healthz", headers=headers).headers["X-Request-Id"]

@@ -276,7 +276,23 @@ def test_every_field_error_is_reported_in_one_response(client, auth):
         ("description", "invalid_type"), ("events", "unknown_field"), ("url", "required")]
 
 
-@pytest.mark.parametrize("description", ["x" * 255, "é" * 255, None, ""])
+@pytest.mark.parametrize("character, named", [
+    ("\u0085", "U+0085"), ("\u009b", "U+009B"), ("\u007f", "U+007F"), ("\u001b", "U+001B"),
+    ("\u202e", "U+202E RIGHT-TO-LEFT OVERRIDE"), ("\u2066", "U+2066 LEFT-TO-RIGHT ISOLATE"),
+    ("\u200f", "U+200F RIGHT-TO-LEFT MARK"), ("\u061c", "U+061C ARABIC LETTER MARK"),
+])
+def test_a_description_with_a_control_or_bidi_character_is_422_naming_it(client, auth, character, named):
+    """A page that shows the description must show it as stored: no terminal escape, no line break
+    but newline, no reordering (Trojan Source: "invoice\u202etxt.exe" reads as "invoiceexe.txt")."""
+    [error] = validation_errors(create(client, auth, description=f"invoice{character}txt.exe"))
+    assert (error["field"], error["code"]) == ("description", "invalid_type")
+    assert f"{named} is a control or bidi formatting character" in error["message"]
+    assert ids(client, auth) == []
+
+
+@pytest.mark.parametrize("description", ["x" * 255, "é" * 255, None, "", "line 1\n\tline 2",
+                                         "\u05e9\u05dc\u05d5\u05dd and \u0645\u0631\u062d\u0628\u0627",
+                                         "zero\u200bwidth\u00a0space\u00ad"])
 def test_accepted_descriptions(client, auth, description):
     response = create(client, auth, description=description)
     assert response.status_code == 201

@@ -10,6 +10,8 @@ import threading
 import time
 
 from flask import Blueprint, Flask, current_app, g, request
+from flask.globals import request_ctx
+from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
 from partner.telemetry import metrics
 from partner.store.availability import database_outage, probe_answered
@@ -132,7 +134,20 @@ def _start_timer() -> None:
 def _count_request(response):
     started_at = g.get("started_at")
     if started_at is not None:
-        rule = request.url_rule.rule if request.url_rule else None
-        metrics.count_request(request.method, rule, response.status_code,
-                              time.perf_counter() - started_at)
+        metrics.count_request(request.method, _route(), response.status_code, time.perf_counter() - started_at)
     return response
+
+
+def _route() -> str | None:
+    """The URL rule the request matched; for a 405, the rule its path matches with another method
+    (the route exists, the method does not); None for a path no rule matches."""
+    if request.url_rule is not None:
+        return request.url_rule.rule
+    refusal = request.routing_exception
+    if not isinstance(refusal, MethodNotAllowed) or not refusal.valid_methods:
+        return None
+    try:  # matched again only for a 405, with a method the rule takes
+        rule, _ = request_ctx.url_adapter.match(method=refusal.valid_methods[0], return_rule=True)
+    except HTTPException:
+        return None
+    return rule.rule

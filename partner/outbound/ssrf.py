@@ -109,9 +109,9 @@ def system_resolver(host: str) -> list[str]:
 
 
 def parse_networks(cidrs: Iterable[str]) -> tuple[Network, ...]:
-    """Parse PARTNER_WEBHOOK_ALLOWED_NETWORKS entries; raise ValueError naming a bad entry."""
+    """Parse a list of networks (PARTNER_WEBHOOK_ALLOWED_NETWORKS); raise ValueError naming a bad entry."""
     if isinstance(cidrs, str):  # iterating a string would parse it character by character
-        raise ValueError(f"allowed networks must be a list of CIDR strings, not {cidrs!r}")
+        raise ValueError(f"must be a JSON list of CIDR strings, not {cidrs!r}")
     networks = []
     for entry in cidrs:
         try:
@@ -119,7 +119,7 @@ def parse_networks(cidrs: Iterable[str]) -> tuple[Network, ...]:
                 raise TypeError
             networks.append(ip_network(entry))  # strict: host bits set is a typo, not intent
         except (TypeError, ValueError):
-            raise ValueError(f"invalid network in allowed networks: {entry!r}") from None
+            raise ValueError(f"invalid network {entry!r} (a CIDR such as 127.0.0.1/32)") from None
     return tuple(networks)
 
 

@@ -23,6 +23,7 @@ from datetime import datetime, timezone
 
 from partner.store import migrations
 from partner.errors import OperatorError
+from partner.private_files import keep_private
 
 POSTGRESQL_REFUSAL = ("the database is PostgreSQL: back it up with pg_dump -Fc and restore it with "
                       "pg_restore (docs/data.md)")
@@ -63,6 +64,8 @@ def hold_serving_lock(path: str) -> None:
 
 
 def backup(url: str, target: str) -> Copy:
+    """Copy the database to `target`, a new file readable by this user only."""
+    keep_private()
     source_path, target = sqlite_path(url), os.path.abspath(target)
     if os.path.exists(target):
         raise OperatorError(f"{target} exists: a backup never overwrites a file")
@@ -158,8 +161,10 @@ class Restored:
 
 def restore(url: str, source: str) -> Restored:
     """Put the verified copy at `source` in place of the database, moving the current file and its
-    -wal/-shm aside; refused while any process serves the database."""
+    -wal/-shm aside; refused while any process serves the database. The file put in place, and
+    those moved aside, are readable by this user only, whatever their mode was."""
     database_path, source = sqlite_path(url), os.path.abspath(source)
+    keep_private(database_path)
     version, latest = _verified_version(source), migrations.number(migrations.names()[-1])
     if version > latest:
         raise OperatorError(f"{source} has schema version {version}, newer than this code's {latest}")
