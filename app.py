@@ -13,7 +13,7 @@ from werkzeug.middleware.proxy_fix import ProxyFix
 from delivery import Dispatcher
 from models import DatabaseTooOld, db, open_database
 from partner import sealing
-from partner.availability import database_outage, describe, is_unavailable
+from partner.availability import database_outage, describe, is_unavailable, open_hint
 from partner.backup import hold_serving_lock, sqlite_path
 from partner.config import load_config
 from partner.database import probe_write
@@ -125,8 +125,8 @@ def _open_database(url: str, migrate: bool):
         _refuse(error, "database %s refused: %s", database_name(url), error)
     except Exception as error:
         if is_unavailable(error):
-            _refuse(error, "database %s cannot be opened (%s): the service cannot start until it can (SQLite "
-                    "on a full disk: free room for its -wal and -shm files)", database_name(url), describe(error))
+            _refuse(error, "database %s cannot be opened (%s): the service cannot start until it can (%s)",
+                    database_name(url), describe(error), open_hint(url))
         raise
 
 

@@ -65,7 +65,8 @@ def _http_error(error: HTTPException) -> Response:
 
 def _detail(error: HTTPException) -> str:
     if isinstance(error, RequestEntityTooLarge):  # Werkzeug's words name no size
-        return f"The request body is over {byte_size(current_app.config['MAX_CONTENT_LENGTH'])}, the most this API accepts."
+        limit = byte_size(current_app.config["MAX_CONTENT_LENGTH"])
+        return f"The request body is over {limit}, the most this API accepts."
     return error.description or HTTPStatus(error.code or 500).phrase
 
 
