@@ -1,9 +1,9 @@
-"""Every default the documents state is the code's: the configuration table of docs/operations.md row by
-row against partner/config.py DEFAULTS, and each sentence of README.md, docs/*.md and openapi.yaml (and
-the systemd unit, and schema.sql) that states a default (the retry schedule, attempts, the auto-disable threshold, the delivery timeout, the
-body limit, page sizes, the rate limit) read back into a value. A default changed in the code alone, or
-in one document alone, fails here; so does a sentence reworded out of its pattern (then fix the pattern:
-the sentence must stay tied)."""
+"""Every default the documents state is the code's: the configuration table of docs/operations.md row
+by row against partner/config.py DEFAULTS, and each sentence of README.md, docs/*.md and openapi.yaml
+(and the systemd unit, and schema.sql) that states one (the retry schedule, attempts, the auto-disable
+threshold, the delivery timeout, the body limit, page sizes, the rate limit) read back into a value. A
+default changed in the code alone, or in one document alone, fails here; so does a sentence reworded
+out of its pattern (then fix the pattern: the sentence must stay tied)."""
 
 import json
 import re
