@@ -10,8 +10,9 @@ from partner.keys import find_active_key
 
 # `Bearer <key>` with the scheme in any case, or the bare key. Basic (and any other scheme) is refused.
 _BEARER = re.compile(r"(?:bearer[ \t]+)?(\S+)", re.IGNORECASE)
-# The same for every failure (which one is never said), and it says how a key is sent.
-UNAUTHORIZED_DETAIL = "A valid API key is required, sent as 'Authorization: Bearer vck_…'."
+# The same for every failure (which one is never said), and it says how a key is sent; ASCII, so that
+# a raw body (curl) shows it as written.
+UNAUTHORIZED_DETAIL = "A valid API key is required, sent as 'Authorization: Bearer vck_...'."
 
 
 def bearer_key(header: str | None) -> str | None:
