@@ -10,7 +10,7 @@ import pytest
 import requests
 import yaml
 
-from tests.servers import INSTALL_HINT, Watchdog, wait_until
+from tests.servers import INSTALL_HINT, Watchdog, stop_server, wait_until
 from tests.support import free_port
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy" / "prometheus"
@@ -35,13 +35,7 @@ class Prometheus:
         return answer["data"]["result"]
 
     def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-        self.watchdog.cancel()
+        stop_server(self.process, self.watchdog)
 
 
 def scrape_config(target: str) -> dict:
