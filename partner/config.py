@@ -1,5 +1,7 @@
 """Configuration: the `PARTNER_*` variables (docs/operations.md), their defaults, and a check at start-up."""
 
+import difflib
+import logging
 import os
 import time
 
@@ -28,6 +30,7 @@ DEFAULTS = {
     "DELIVERY_CA_BUNDLE": "",
     "RETENTION_DAYS": 30,
     "LOG_FORMAT": "text",  # applied by gunicorn.conf.py (logs.py); checked here too
+    "LOG_LEVEL": "INFO",  # the same
     "AUTH_FAILURE_RATE_LIMIT": 60,
     "MAX_CONTENT_LENGTH": 64 * 1024,
     # Reverse-proxy hops whose X-Forwarded-For / -Proto are believed (docs/deploying.md). 0: a client can
@@ -48,13 +51,18 @@ SEAMS = ("CLOCK", "RESOLVER")  # set only through create_app's overrides, never 
 
 _POSITIVE_NUMBERS = ("DELIVERY_TIMEOUT", "DELIVERY_POLL_INTERVAL", "RATELIMIT_STORAGE_TIMEOUT")
 _POSITIVE_INTEGERS = ("DELIVERY_CONCURRENCY", "AUTO_DISABLE_THRESHOLD", "AUTH_FAILURE_RATE_LIMIT",
-                      "RETENTION_DAYS")
+                      "RETENTION_DAYS", "MAX_CONTENT_LENGTH")
+_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+PREFIX = "PARTNER_"
+
+log = logging.getLogger(__name__)
 
 
 def load_config(app: Flask, overrides: dict | None) -> None:
     """Defaults, then PARTNER_* from the environment, then `overrides`; raise ValueError if unusable."""
     app.config.update(DEFAULTS)
-    app.config.from_prefixed_env("PARTNER")
+    warn_of_unknown_variables(os.environ)
+    app.config.from_prefixed_env(PREFIX.rstrip("_"))
     app.config.update({name: DEFAULTS[name] for name in SEAMS})  # never from the environment
     app.config.update(overrides or {})
     check_config(app.config)
@@ -82,6 +90,7 @@ def check_config(config) -> None:
     _require("DELIVERY_CA_BUNDLE", isinstance(bundle, str) and (not bundle or os.path.isfile(bundle)),
              "empty (the default trust store) or the path of a PEM file of CA certificates")
     _require("LOG_FORMAT", config["LOG_FORMAT"] in FORMATS, " or ".join(FORMATS))
+    _require("LOG_LEVEL", config["LOG_LEVEL"] in _LOG_LEVELS, ", ".join(_LOG_LEVELS))
     for name in ("DATABASE_URL", "RATELIMIT_STORAGE_URI"):
         _require(name, isinstance(config[name], str) and "://" in config[name], "a URL")
 
@@ -101,6 +110,21 @@ def _networks(config, name: str) -> tuple:
         return ssrf.parse_networks(config[name])
     except ValueError as error:
         raise ValueError(f"PARTNER_{name}: {error}") from None
+
+
+def warn_of_unknown_variables(environ) -> None:
+    """One WARNING for each PARTNER_* variable the service does not read, naming the closest one it
+    does: a mistyped name would otherwise be ignored in silence, and its default used."""
+    known = [PREFIX + name for name in DEFAULTS if name not in SEAMS]
+    for name in sorted(environ):
+        if not name.startswith(PREFIX) or name in known:
+            continue
+        if name.removeprefix(PREFIX) in SEAMS:
+            log.warning("%s is ignored: it is a seam for tests, never read from the environment", name)
+            continue
+        closest = difflib.get_close_matches(name, known, n=1)
+        log.warning("%s is not a setting of this service and is ignored%s", name,
+                    f"; did you mean {closest[0]}?" if closest else " (docs/operations.md lists the settings)")
 
 
 def _require(name: str, ok: bool, expected: str) -> None:

@@ -28,7 +28,7 @@ from partner.errors import StartRefused
 from partner.private_files import keep_private
 from partner.resealing import check_stored_keys
 from partner.store import migrations
-from partner.store.availability import describe, is_unavailable
+from partner.store.availability import describe, is_unavailable, open_hint
 from partner.store.backup import hold_serving_lock
 from partner.store.connection import DatabaseTooOld, make_directory, require_supported, sqlite_file
 from partner.store.migrations import SchemaStatus
@@ -165,8 +165,8 @@ def _guard(url: str, doing: str, work):
     except Exception as error:  # noqa: BLE001 - sorted by is_unavailable, the rest re-raised
         if not is_unavailable(error):
             raise
-        refuse(error, "database %s cannot %s (%s): the service cannot start until it can", database_name(url),
-                doing, describe(error))
+        refuse(error, "database %s cannot %s (%s): the service cannot start until it can (%s)",
+               database_name(url), doing, describe(error), open_hint(url))
 
 
 def _keep_private(app: Flask) -> None:

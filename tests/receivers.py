@@ -94,6 +94,16 @@ def hang(seconds: float):
     return step
 
 
+def late(seconds: float, status: int = 200):
+    """A step that answers `status` after `seconds`: a slow partner."""
+    def step(handler):
+        time.sleep(seconds)
+        handler.send_response(status)
+        handler.send_header("Content-Length", "0")
+        handler.end_headers()
+    return step
+
+
 def drip(seconds: float, interval: float = 0.1):
     """A step that sends 200 headers, then one body byte every `interval` for `seconds`."""
     def step(handler):

@@ -42,6 +42,18 @@ class Watchdog:
         self.process.stdin.close()
 
 
+def stop_server(process: subprocess.Popen, watchdog: Watchdog | None) -> None:
+    """SIGTERM, and SIGKILL if it has not exited within 10 s; its watchdog is then not needed."""
+    process.terminate()
+    try:
+        process.wait(10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+    if watchdog:
+        watchdog.cancel()
+
+
 def wait_until(ready, process: subprocess.Popen, what: str, log: Path) -> None:
     deadline = time.monotonic() + START_SECONDS
     while time.monotonic() < deadline:
@@ -69,14 +81,7 @@ class RedisServer:
         return redis.Redis(host="127.0.0.1", port=self.port)
 
     def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-        if self.watchdog:
-            self.watchdog.cancel()
+        stop_server(self.process, self.watchdog)
 
 
 def start_redis(binary: str, workdir: Path) -> RedisServer:

@@ -1,11 +1,16 @@
 """The tests' one vocabulary: paths, the auth header, the problem assertion, the injected clock and
-resolver, a free loopback port and a raw HTTP exchange. Fixtures live in conftest.py; receivers in
+resolver, a free loopback port, a raw HTTP exchange and a headless browser. Fixtures live in conftest.py; receivers in
 tests/receivers.py."""
 
+import shutil
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
+
+import pytest
 
 from app import create_app
 from models import Delivery, Event, Subscription, db
@@ -238,3 +243,17 @@ def refuse_in_sqlite(event: str) -> None:
 
 def allow_in_sqlite() -> None:
     db.execute_sql("DROP TRIGGER refused")
+
+
+CHROMIUM_SECONDS = 90
+
+
+def chromium(*args: str, profile: Path) -> subprocess.CompletedProcess:
+    """Headless Chromium with a fresh profile and nothing of its own on the network."""
+    binary = shutil.which("chromium") or shutil.which("chromium-browser")
+    if binary is None:
+        pytest.skip("chromium is not installed (scripts/test-services.sh installs it)")
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             "--hide-scrollbars", f"--user-data-dir={profile}", "--virtual-time-budget=15000"]
+    return subprocess.run([binary, *flags, *args], capture_output=True, text=True, timeout=CHROMIUM_SECONDS)

@@ -88,3 +88,48 @@ def test_an_operator_command_refuses_a_bad_setting_in_one_line(server_env, name,
     assert result.returncode == 1
     assert f"refusing to start: PARTNER_{name} must be" in result.stderr and "Traceback" not in result.stderr, \
         result.stderr
+
+
+def warnings_of(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "partner.config" and r.levelname == "WARNING"]
+
+
+def test_each_unknown_variable_is_one_warning_naming_the_closest_setting(config, monkeypatch, caplog):
+    monkeypatch.setenv("PARTNER_DELIVERY_TIMOUT", "5")
+    monkeypatch.setenv("PARTNER_RETRY_DELAYS", "[1]")
+    monkeypatch.setenv("PARTNER_ZZZ", "1")
+    create_app(config)
+    assert warnings_of(caplog) == [
+        "PARTNER_DELIVERY_TIMOUT is not a setting of this service and is ignored; did you mean "
+        "PARTNER_DELIVERY_TIMEOUT?",
+        "PARTNER_RETRY_DELAYS is not a setting of this service and is ignored; did you mean "
+        "PARTNER_DELIVERY_RETRY_DELAYS?",
+        "PARTNER_ZZZ is not a setting of this service and is ignored (docs/operations.md lists the settings)"]
+
+
+def test_known_variables_warn_of_nothing_and_seams_say_they_are_ignored(config, monkeypatch, caplog):
+    monkeypatch.setenv("PARTNER_DELIVERY_TIMEOUT", "5")
+    monkeypatch.setenv("PARTNER_LOG_LEVEL", "WARNING")
+    monkeypatch.setenv("PARTNER_CLOCK", "1")
+    create_app(config)
+    assert warnings_of(caplog) == ["PARTNER_CLOCK is ignored: it is a seam for tests, never read from the environment"]
+
+
+def test_an_operator_command_warns_of_a_mistyped_variable_once(server_env):
+    result = run_flask({**server_env, "PARTNER_DATABSE_URL": "sqlite:////nowhere"}, "keys", "list")
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.count("PARTNER_DATABSE_URL") == 1 and "did you mean PARTNER_DATABASE_URL?" in result.stderr
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "1.5", '"65536"', "true", "[]"])
+def test_a_max_content_length_that_is_no_positive_integer_stops_start_up(config, monkeypatch, value):
+    monkeypatch.setenv("PARTNER_MAX_CONTENT_LENGTH", value)
+    with pytest.raises(StartRefused, match="PARTNER_MAX_CONTENT_LENGTH must be a positive integer"):
+        create_app(config)
+
+
+@pytest.mark.parametrize("value", ["info", "LOUD", "20"])
+def test_a_log_level_logging_does_not_know_stops_start_up(config, monkeypatch, value):
+    monkeypatch.setenv("PARTNER_LOG_LEVEL", value)
+    with pytest.raises(StartRefused, match="PARTNER_LOG_LEVEL must be DEBUG, INFO, WARNING, ERROR, CRITICAL"):
+        create_app(config)

@@ -84,7 +84,8 @@ def test_an_attempt_swept_while_under_way_is_counted_once_when_it_fails(subscrip
     # Another process holds the other delivery: claimed there, its attempt under way.
     (Delivery.update(state=Delivery.IN_FLIGHT, due_at=NOW + LEASE, lease_token="elsewhere")
      .where(Delivery.event == swept.id).execute())
-    under_way = Claim(swept.id, "vc.test.ping", b"{}", 1, "elsewhere", subscription.id, subscription.url, "whsec_x")
+    under_way = Claim(swept.id, "vc.test.ping", b"{}", 1, "elsewhere", subscription.id, subscription.organization_id,
+                      subscription.url, "whsec_x")
     Subscription.update(consecutive_failures=THRESHOLD - 1).where(Subscription.id == subscription.id).execute()
     before = dead_lettered()
     caplog.set_level(logging.INFO, logger="delivery")

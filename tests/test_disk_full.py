@@ -166,5 +166,6 @@ def test_a_database_nobody_holds_open_on_a_full_disk_cannot_be_opened_and_start_
     with pytest.raises(StartRefused):
         started_app(config)
     [line] = logged(caplog, "app", logging.ERROR)
-    assert line.startswith(f"database {database_url} cannot be opened (OperationalError: disk I/O error): "
-                           "the service cannot start until it can"), line
+    assert line == (f"database {database_url} cannot be opened (OperationalError: disk I/O error): the service "
+                    "cannot start until it can (SQLite: its folder must exist, writable by the service's user, "
+                    "with free room for the -wal and -shm files)")

@@ -14,7 +14,7 @@ LAYERS = (
     ("partner.telemetry", "partner.outbound", "partner.config", "partner.validation"),
     ("partner.store", "models"),
     ("partner.keys", "partner.subscriptions", "partner.events", "partner.outbox", "partner.claims",
-     "partner.retry", "partner.retention", "partner.resealing", "partner.history", "partner.dead_letters"),
+     "partner.retry", "partner.retention", "partner.resealing", "partner.history", "partner.dead_letters", "partner.organizations"),
     ("delivery", "partner.edge", "partner.startup"),
     ("partner.operator", "app", "wsgi", "gunicorn.conf"),
 )

@@ -155,6 +155,8 @@ def test_an_operator_command_on_a_database_that_cannot_be_opened_says_why_in_one
     assert (operator.returncode, operator.stdout) == (1, "")
     [line] = operator.stderr.strip().splitlines()
     assert line.startswith(f"database {url} cannot be opened (OperationalError: connection to server at "), line
+    assert line.endswith("the service cannot start until it can (PostgreSQL: check that the server is up, "
+                         "reachable from this host, and takes the URL's user and password)"), line
 
 
 def schema_cookie(path: str) -> int:

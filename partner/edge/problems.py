@@ -4,8 +4,8 @@ a secret this process cannot open, and of a DNS lookup that cannot start."""
 import logging
 from http import HTTPStatus
 
-from flask import Flask, Response, json
-from werkzeug.exceptions import HTTPException
+from flask import Flask, Response, current_app, json
+from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from partner.store.availability import database_failed, is_unavailable
 from partner.errors import ApiError
@@ -62,8 +62,19 @@ def _api_error(error: ApiError) -> Response:
 def _http_error(error: HTTPException) -> Response:
     status = error.code or 500
     code = HTTP_CODES.get(status, "http_error")
-    return problem(status, code, error.description or HTTPStatus(status).phrase,
-                   response=error.get_response())
+    return problem(status, code, _detail(error), response=error.get_response())
+
+
+def _detail(error: HTTPException) -> str:
+    if isinstance(error, RequestEntityTooLarge):  # Werkzeug's words name no size
+        limit = byte_size(current_app.config["MAX_CONTENT_LENGTH"])
+        return f"The request body is over {limit}, the most this API accepts."
+    return error.description or HTTPStatus(error.code or 500).phrase
+
+
+def byte_size(count: int) -> str:
+    """`65536` as `64 KiB`, as nginx's own 413 says it; a size that is no whole KiB in bytes."""
+    return f"{count // 1024} KiB" if count % 1024 == 0 else f"{count} bytes"
 
 
 def _unexpected_error(error: Exception) -> Response:

@@ -116,6 +116,16 @@ def storage_options(uri: str, timeout: float) -> dict:
     return {"socket_timeout": timeout, "socket_connect_timeout": timeout}
 
 
+class Budget(RateLimitItemPerMinute):
+    """A per-minute limit whose storage key leaves the limit out. limits keys a window by its amount,
+    so a limit the operator lowers (`flask orgs set-limit`) would open an empty window and forget what
+    the organization spent this minute. (One raised again within the minute forgets the hits its
+    lowered window trimmed: the error is on the partner's side, and lasts a minute.)"""
+
+    def key_for(self, *identifiers: str) -> str:
+        return "/".join([self.namespace, *identifiers, "per-minute"])
+
+
 class StorageProbe:
     """While the storage is failing, requests skip it and only one per PROBE_INTERVAL_SECONDS asks
     it again, so a frozen Redis costs each request nothing rather than a socket timeout each."""
@@ -192,7 +202,7 @@ class RateLimits:
         unlimited = Window(per_minute, per_minute, now + WINDOW_SECONDS, True, now)
         if self._storage.should_skip():
             return unlimited
-        item = RateLimitItemPerMinute(per_minute)
+        item = Budget(per_minute)
         strategy = self._limiter.limiter
         try:
             allowed = strategy.hit(item, scope, key)

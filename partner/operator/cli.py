@@ -1,4 +1,4 @@
-"""The operator CLI, every `flask` command group: keys, webhooks, deliveries, db, encryption. Keys
+"""The operator CLI, every `flask` command group: keys, orgs, webhooks, deliveries, db, encryption. Keys
 have no HTTP endpoint. Thin: parse, call one domain function, print."""
 
 import functools
@@ -14,7 +14,9 @@ from partner.store import backup, migrations
 from partner.store.availability import describe, is_unavailable
 from partner.history import STATES, delivery_story, list_deliveries, replay_dead_letters
 from partner.errors import OperatorError, ValidationError
-from partner.keys import MAX_RATE_LIMIT, IssuedKey, create_key, list_keys, revoke_key, rotate_key
+from partner.keys import (DEFAULT_RATE_LIMIT, GRANTABLE_SCOPES, MAX_RATE_LIMIT, IssuedKey, create_key, list_keys,
+                          revoke_key, rotate_key)
+from partner.organizations import list_organizations, set_rate_limit
 from partner.retry import RetryPolicy
 from partner.subscriptions import enable_subscription, subscriptions_overview
 from partner.startup import AS_IT_IS, NOTHING, UP_TO_DATE, start_command
@@ -49,9 +51,11 @@ def _announce(issued: IssuedKey) -> None:
 
 @keys_cli.command("create")
 @click.option("--org", required=True, help="Organization slug; created on first use.")
-@click.option("--scope", "scopes", multiple=True, help="A scope to grant (repeatable).")
+@click.option("--scope", "scopes", multiple=True,
+              help=f"A scope to grant (repeatable): {', '.join(sorted(GRANTABLE_SCOPES))}.")
 @click.option("--rate-limit", type=click.IntRange(1, MAX_RATE_LIMIT),
-              help="Requests per minute for the organization.")
+              help=f"Requests per minute of a new organization [default: {DEFAULT_RATE_LIMIT}]; an existing "
+                   "one keeps its own (`flask orgs set-limit`).")
 @starts(UP_TO_DATE)
 def create_command(org: str, scopes: tuple[str, ...], rate_limit: int | None) -> None:
     """Create a key; identity:read is always granted."""
@@ -94,11 +98,32 @@ def rotate_command(key_id: str) -> None:
     _announce(issued)
 
 
+orgs_cli = AppGroup("orgs", help="Organizations: their rate limits, keys, subscriptions and deliveries.")
+
+
+@orgs_cli.command("list")
+@starts(UP_TO_DATE)
+def orgs_list() -> None:
+    """List organizations: limit, active keys, subscriptions, open and dead deliveries."""
+    _table(("SLUG", "RATE_LIMIT_PER_MINUTE", "ACTIVE_KEYS", "SUBSCRIPTIONS", "PENDING", "DEAD"),
+           (org.row() for org in _run(list_organizations)))
+
+
+@orgs_cli.command("set-limit")
+@click.argument("slug")
+@click.argument("per_minute", type=click.IntRange(1, MAX_RATE_LIMIT))
+@starts(UP_TO_DATE)
+def orgs_set_limit(slug: str, per_minute: int) -> None:
+    """Set the organization's requests per minute, shared by all its keys, from their next request."""
+    _run(set_rate_limit, slug, per_minute)
+    click.echo(f"Organization {slug} now has {per_minute} requests per minute, for every key.")
+
+
 webhooks_cli = AppGroup("webhooks", help="Inspect and re-enable webhook subscriptions.")
 deliveries_cli = AppGroup("deliveries", help="Inspect deliveries and replay dead letters.")
 db_cli = AppGroup("db", help="Database upkeep: schema versions, backups, retention.")
 encryption_cli = AppGroup("encryption", help="Keys that seal webhook secrets at rest.")
-COMMANDS = (keys_cli, webhooks_cli, deliveries_cli, db_cli, encryption_cli)
+COMMANDS = (keys_cli, orgs_cli, webhooks_cli, deliveries_cli, db_cli, encryption_cli)
 
 
 class Rfc3339(click.ParamType):

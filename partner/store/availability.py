@@ -20,6 +20,15 @@ from playhouse.pool import MaxConnectionsExceeded
 from partner.store.connection import db
 
 
+def open_hint(url: str) -> str:
+    """What to check, on the database's own backend, when the database at `url` cannot be opened."""
+    if url.startswith("sqlite"):
+        return ("SQLite: its folder must exist, writable by the service's user, with free room for the "
+                "-wal and -shm files")
+    return ("PostgreSQL: check that the server is up, reachable from this host, and takes the URL's user "
+            "and password")
+
+
 def describe(error: BaseException) -> str:
     """The failure's type and the first line of its message: equal for repeats of one failure."""
     lines = str(error).strip().splitlines()
