@@ -17,7 +17,7 @@ import requests
 from partner.edge import apidocs
 from tests.gunicorn_server import BIN, ROOT, Gunicorn
 from tests.servers import free_port
-from tests.support import ENCRYPTION_KEYS, chromium
+from tests.support import ENCRYPTION_KEYS, chromium, open_database
 
 SCREENSHOT = ROOT / "docs" / "api-docs.png"
 # Bounded fuzzing: examples per operation, a fixed seed (a failure reproduces), a hard time limit.
@@ -33,6 +33,7 @@ def live_service(workdir: Path, database_url: str):
            if not name.startswith(("PARTNER_", "GUNICORN_", "FLASK_"))}
     env.update(PORT=str(free_port()), PYTHONUNBUFFERED="1", PARTNER_SCHEDULER_ENABLED="false",
                PARTNER_DATABASE_URL=database_url, PARTNER_ENCRYPTION_KEYS=json.dumps(ENCRYPTION_KEYS))
+    open_database(database_url).close_all()  # as the service's first start makes it: the key comes first
     issued = subprocess.run([BIN / "flask", "keys", "create", "--org", "fuzz", "--scope", "webhooks:manage",
                              "--rate-limit", "100000"],
                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=30)
