@@ -34,10 +34,10 @@ nor of finished ones: no step searches an index that history grows (bench/state_
 from typing import NamedTuple
 
 from models import SQL_CONDITIONS, allowance
-from partner.database import select_rows
+from partner.store.sql import select_rows
 
 # Portable (SQLite 3.35+ and PostgreSQL 12+: recursive CTEs, row values, window functions,
-# MATERIALIZED), run by database.select_rows. The state conditions are the partial indexes' own,
+# MATERIALIZED), run by store.sql.select_rows. The state conditions are the partial indexes' own,
 # word for word. busy, rooms, dues and levels are MATERIALIZED, so each is read once: inlined, a
 # newer SQLite inlines busy at each of its uses, and the subqueries would run at each use of a
 # column. From each subscription's head the walk goes on in claim order (due time, seq: the index's

@@ -58,7 +58,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from models import SQL_CONDITIONS
-from partner.database import run_sql, select_rows
+from partner.store.sql import run_sql, select_rows
 from partner.outbound.transport import AttemptResult
 
 # The step onto the limit at which the receiver last pushed back waits this many round trips on average.

@@ -61,6 +61,7 @@ class Receiver:
         self.redirect_to = "/"
         self.server = ThreadingHTTPServer((self.host, 0), Handler)
         self.server.daemon_threads = True
+        self.server.handle_error = lambda request, address: None  # a refused handshake may be the point
         if self.tls:  # the handshake happens in the handler's thread, on its first read
             self.server.socket = self.tls.wrap_socket(self.server.socket, server_side=True,
                                                       do_handshake_on_connect=False)
@@ -90,6 +91,16 @@ def hang(seconds: float):
     """A step that accepts the request and answers nothing for `seconds`."""
     def step(handler):
         time.sleep(seconds)
+    return step
+
+
+def late(seconds: float, status: int = 200):
+    """A step that answers `status` after `seconds`: a slow partner."""
+    def step(handler):
+        time.sleep(seconds)
+        handler.send_response(status)
+        handler.send_header("Content-Length", "0")
+        handler.end_headers()
     return step
 
 

@@ -29,7 +29,7 @@ TIMED_OUT = AttemptResult(False, None, "timeout", "", 10_000)
 
 
 def refused(status: int, retry_after: str | None = None) -> AttemptResult:
-    return AttemptResult(False, status, "http_status", "", 1, retry_after)
+    return AttemptResult(False, status, "http_status", "", 1, retry_after=retry_after)
 
 
 # --- the rule ---------------------------------------------------------------------------------
@@ -89,7 +89,7 @@ AT = 1_800_000_000_000  # 2027-01-15T08:00:00Z
     (refused(429, "Fri, 15 Jan 2027 08:00:12"), None),  # no zone: not an HTTP date
     (refused(429, "0"), None), (refused(429, "-5"), None), (refused(429, "1.5"), None), (refused(429, "soon"), None),
     (refused(429, "9" * 100), None), (refused(429), None), (refused(500, "5"), None), (refused(502, "5"), None),
-    (AttemptResult(True, 200, None, "", 1, "5"), None)])
+    (AttemptResult(True, 200, None, "", 1, retry_after="5"), None)])
 def test_a_429_or_503_with_retry_after_holds_for_it_at_most_a_minute(result, until):
     assert hold_until(result, AT) == until
 
@@ -313,9 +313,9 @@ class Concurrent:
 
 def dispatch_in_a_process(database_url: str, started, stop) -> None:
     """A separate service's dispatcher on the same database: its own app, scheduler and slots."""
-    from app import create_app
-    app = create_app({"DATABASE_URL": database_url, "WEBHOOK_ALLOWED_NETWORKS": ["127.0.0.0/8"],
-                      "DELIVERY_MAX_PER_SUBSCRIPTION": 4})
+    from tests.support import started_app
+    app = started_app({"DATABASE_URL": database_url, "WEBHOOK_ALLOWED_NETWORKS": ["127.0.0.0/8"],
+                       "DELIVERY_MAX_PER_SUBSCRIPTION": 4})
     dispatcher = app.extensions["delivery"]
     dispatcher.start()
     started.set()

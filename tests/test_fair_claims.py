@@ -16,7 +16,7 @@ from peewee import IntegrityError
 
 from models import Delivery, Event, Failure, Organization, Subscription, db
 from partner.claims import pick_due
-from partner.deliveries import replay_dead_letters
+from partner.history import replay_dead_letters
 from partner.events import enqueue_test_ping
 from partner.outbox import MAX_UNRECORDED, claim_due, release
 from partner.outbound.transport import AttemptResult
@@ -400,11 +400,11 @@ def test_a_ping_queued_while_every_slot_is_busy_takes_the_first_slot_that_frees(
 
 CLAIM_IN_ANOTHER_PROCESS = """
 import sys
-from app import create_app
+from tests.support import started_app
 from models import db
 from partner.outbox import claim_due
 now_ms, limit, lease_ms = map(int, sys.argv[1:])
-with create_app({"SCHEDULER_ENABLED": False}).app_context(), db.connection_context():
+with started_app({"SCHEDULER_ENABLED": False}).app_context(), db.connection_context():
     print(len(claim_due(now_ms, limit, lease_ms)))
 """
 
