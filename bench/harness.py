@@ -43,7 +43,7 @@ LOOPBACK = "127.0.0.1"
 API = "/api/v1/partner"
 BOOT_SECONDS = 20
 STOP_SECONDS = 15
-BIG_RATE_LIMIT = 100_000_000  # the per-organization budget would otherwise throttle the load
+BIG_RATE_LIMIT = 1_000_000  # the most a key may be given (keys.MAX_RATE_LIMIT): the budget would otherwise throttle the load
 
 
 def _exit_on_sigterm(signum, _frame):
