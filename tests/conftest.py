@@ -53,16 +53,21 @@ def pytest_generate_tests(metafunc):
         metafunc.parametrize("backend", BACKENDS, indirect=True)
 
 
-# Fixtures that start a real server process: a test that uses one (or runs on PostgreSQL) is
-# marked `servers`, and `make test-fast` leaves it out.
+# Fixtures that start a real server process: a test that uses one (or runs on PostgreSQL or Redis)
+# is marked `servers`, and `make test-fast` leaves it out. A fixture that asks for a server only
+# while it runs (request.getfixturevalue) is not among the test's fixture names: a parameter naming
+# the server (the backend's, a database_url's, a config's) or the module says so instead, and
+# servers.py refuses to hand a server to a test left unmarked.
 SERVER_FIXTURES = {"postgres_server", "own_postgres_server", "redis_server", "server_env", "gunicorn"}
-SERVER_MODULES = {"test_api_live", "test_disk_full"}  # a browser, a tmpfs
+SERVER_PARAMS = {"postgresql", "redis"}
+SERVER_MODULES = {"test_api_live", "test_disk_full", "test_postgres"}  # a browser, a tmpfs, PostgreSQL throughout
 
 
 def pytest_collection_modifyitems(items):
     for item in items:
-        on_postgresql = getattr(item, "callspec", None) and item.callspec.params.get("backend") == "postgresql"
-        if on_postgresql or SERVER_FIXTURES & set(item.fixturenames) or item.module.__name__.split(".")[-1] in SERVER_MODULES:
+        params = item.callspec.params.values() if hasattr(item, "callspec") else ()
+        if (any(isinstance(param, str) and param in SERVER_PARAMS for param in params)
+                or SERVER_FIXTURES & set(item.fixturenames) or item.module.__name__.split(".")[-1] in SERVER_MODULES):
             item.add_marker("servers")
 
 

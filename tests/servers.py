@@ -113,9 +113,17 @@ def redis_server(tmp_path_factory):
     server.stop()
 
 
+def marked_servers(request) -> None:
+    """A test handed a server must be marked `servers` (conftest.py), or `make test-fast` would run
+    it and start the server."""
+    if request.node.get_closest_marker("servers") is None:
+        raise pytest.UsageError(f"{request.node.nodeid} starts a server but is not marked `servers`")
+
+
 @pytest.fixture
-def redis_url(redis_server):
+def redis_url(request, redis_server):
     """A Redis URL on an empty database: every test starts with no counted requests."""
+    marked_servers(request)
     redis_server.client().flushall()
     return redis_server.url()
 
@@ -244,13 +252,15 @@ def postgres_server():
 
 
 @pytest.fixture
-def own_postgres_server():
+def own_postgres_server(request):
     """A PostgreSQL server for this test alone, for tests that stop it: the session's is shared."""
+    marked_servers(request)
     yield from running_postgres()
 
 
 @pytest.fixture
-def postgres_url(postgres_server):
+def postgres_url(request, postgres_server):
     """A database URL for this test alone: an empty schema of its own. Nothing is dropped
     afterwards: the whole server is thrown away at the end of the session."""
+    marked_servers(request)
     return postgres_server.url(postgres_server.create_schema())

@@ -11,7 +11,6 @@ import pytest
 from playhouse.db_url import connect
 
 from partner.errors import StartRefused
-from tests.servers import postgres_bin_dir, start_postgres
 from tests.support import PUBLIC_URL, WEBHOOKS, assert_problem, assert_unavailable
 
 HEX_ID = r"[0-9a-f]{32}"
@@ -114,25 +113,14 @@ def watcher(database_url: str) -> sqlite3.Connection:
                            check_same_thread=False)
 
 
-@pytest.fixture
-def stoppable_postgres():
-    """A PostgreSQL server of this test's own: the session's shared one must keep running."""
-    bin_dir = postgres_bin_dir()
-    if bin_dir is None:
-        pytest.skip("PostgreSQL is not installed: run scripts/test-services.sh to install it")
-    server = start_postgres(bin_dir)
-    yield server
-    server.stop()
-
-
-def test_readyz_is_503_when_postgresql_is_down(stoppable_postgres, clock, resolver):
+def test_readyz_is_503_when_postgresql_is_down(own_postgres_server, clock, resolver):
     from app import create_app
-    url = stoppable_postgres.url(stoppable_postgres.create_schema())
+    url = own_postgres_server.url(own_postgres_server.create_schema())
     app = create_app({"DATABASE_URL": url, "CLOCK": clock, "RESOLVER": resolver,
                       "SCHEDULER_ENABLED": False})
     client = app.test_client()
     assert client.get("/readyz").get_json()["database"] == "ok"
-    stoppable_postgres.pg_ctl("stop", "-m", "immediate", "-w")
+    own_postgres_server.pg_ctl("stop", "-m", "immediate", "-w")
     started = time.monotonic()
     assert_not_ready(client.get("/readyz"), started)
     assert client.get("/healthz").status_code == 200
