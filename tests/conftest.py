@@ -10,7 +10,7 @@ import trustme
 
 from app import create_app
 from partner.keys import create_key
-from models import db
+from models import SQLITE_PRAGMAS, db
 from partner import sealing
 from tests.contract import ContractClient
 from tests.receivers import RawServer, Receiver
@@ -35,6 +35,14 @@ def keyring():
 def clock(request):
     """The service clock; it starts at the test module's CLOCK_START (Unix seconds) if it has one."""
     return FakeClock(getattr(request.module, "CLOCK_START", None))
+
+
+@pytest.fixture
+def brief_busy_timeout(request, monkeypatch):
+    """SQLite's busy timeout (5 s in the product) at the test module's BUSY_TIMEOUT_MS, else 200 ms,
+    for tests of a file locked from outside: each write they try waits it out. Ask for it before
+    the app (connections take it when opened)."""
+    monkeypatch.setitem(SQLITE_PRAGMAS, "busy_timeout", getattr(request.module, "BUSY_TIMEOUT_MS", 200))
 
 
 @pytest.fixture

@@ -353,7 +353,7 @@ def test_a_scrub_owed_is_pending_for_db_status_and_done_by_db_upgrade(database_u
     assert flask_on(database_url, "db", "status").returncode == 0
 
 
-def test_a_scrub_that_a_reader_kept_from_emptying_the_wal_stays_owed(tmp_path):
+def test_a_scrub_that_a_reader_kept_from_emptying_the_wal_stays_owed(brief_busy_timeout, tmp_path):
     """A reader elsewhere (a backup, a service still running) keeps the TRUNCATE checkpoint from
     emptying the -wal, which still holds what the migrations wrote: the scrub is not done."""
     path = str(tmp_path / "partner.sqlite3")
