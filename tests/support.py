@@ -106,6 +106,18 @@ def eventually(condition: Callable[[], object], seconds: float = 30.0, pause: fl
     return True
 
 
+def counting_scans(dispatcher) -> list[int]:
+    """What each scan of `dispatcher` returned (how many it started), once it returned: its
+    scheduler's polls and wakes and its refills after an attempt. Call it before start()."""
+    scans, scan = [], dispatcher.scan
+
+    def counted() -> int:
+        scans.append(scan())
+        return scans[-1]
+    dispatcher.scan = counted
+    return scans
+
+
 def query_plan(database, action) -> str:
     """Run `action` and return the SQLite query plans of the statements it ran, as one text."""
     statements = []

@@ -15,7 +15,7 @@ from partner.outbox import claim_due
 from models import Delivery, Failure, Subscription, db
 from tests.receivers import Receiver, drip, drip_bytes, hang, read_request
 from partner.timestamps import iso
-from tests.support import SLACK_SECONDS, WEBHOOKS, eventually, field_codes, json_of
+from tests.support import SLACK_SECONDS, WEBHOOKS, counting_scans, eventually, field_codes, json_of
 
 DAY = 86400
 
@@ -358,17 +358,6 @@ def test_a_late_finish_after_the_lease_was_taken_over_is_not_recorded(app, dispa
     dispatcher.run_due()  # the takeover attempt
     dispatcher.attempt(stale)  # the original claimant wakes up late
     assert [f["attempt"] for f in failures(failing)["data"]] == [1]
-
-
-def counting_scans(dispatcher) -> list[int]:
-    """What each scan of the dispatcher's scheduler returned, once it returned (before start())."""
-    scans, scan = [], dispatcher.scan
-
-    def counted() -> int:
-        scans.append(scan())
-        return scans[-1]
-    dispatcher.scan = counted
-    return scans
 
 
 @pytest.mark.config(DELIVERY_POLL_INTERVAL=60, SCHEDULER_ENABLED=True)
