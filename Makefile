@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PORT ?= 8000
 
-.PHONY: run test test-fast coverage bench bench-quick clean
+.PHONY: run test test-fast coverage bench bench-quick install-prod clean
 
 run: $(VENV)/.installed
 	PORT=$(PORT) $(BIN)/gunicorn wsgi:app
@@ -40,6 +40,15 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -r requirements-dev.txt
 	touch $@
+
+# A production virtualenv (docs/deploying.md): the runtime dependencies only (requirements.txt), on the
+# system's python3, which the service's user can run (a python under root's home, such as pyenv's, is not).
+PROD_PYTHON ?= /usr/bin/python3
+install-prod:
+	@$(PROD_PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
+		{ echo "Python 3.11 or newer is required (set PROD_PYTHON=...)"; exit 1; }
+	$(PROD_PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet -r requirements.txt
 
 clean:
 	rm -rf $(VENV) instance .pytest_cache .coverage .coverage.*

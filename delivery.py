@@ -13,6 +13,7 @@ once they leave the other half to the healthy ones.
 """
 
 import dataclasses
+import functools
 import logging
 import random
 import threading
@@ -22,15 +23,16 @@ from datetime import datetime, timedelta, timezone
 
 from apscheduler.schedulers.background import BackgroundScheduler
 
-from models import db
+from partner.store.connection import db
 from partner import retention
-from partner.availability import database_failed, database_outage, describe, is_unavailable
-from partner.database import probe_write
+from partner.store.availability import database_failed, database_outage, describe, is_unavailable
+from partner.store.sql import probe_write
 from partner.claims import any_due, next_due_at
-from partner.group_commit import GroupCommit
-from partner.operator.attempts import log_attempt
+from partner.store.group_commit import GroupCommit
+from partner.telemetry.attempts import log_attempt
 from partner.outbound.sender import Sender
-from partner.outbox import Claim, Outcome, Recorded, claim_due, release, write_outcomes
+from partner.outbound.dns import LookupsBusy
+from partner.outbox import NOT_RECORDED, Claim, Outcome, Recorded, claim_due, put_off, release, write_outcomes
 from partner.retry import MAX_JITTER, RetryPolicy
 from partner.timestamps import now_ms, to_ms
 
@@ -54,14 +56,18 @@ SCAN_BACKOFF_SECONDS, MAX_SCAN_BACKOFF_SECONDS = 1, 60
 # An outcome that could not be written is written again after these pauses (seconds), while the
 # lease lasts, rather than the attempt being made again when the lease expires.
 RECORD_RETRY_SECONDS = (0.5, 1, 2, 4, 8)
+# A delivery whose host's lookup could not start is due again this much later (seconds). Lookups that
+# fill a bound are slow ones, and one stuck on a name that never answers ends with the resolver's
+# first timeout (5 s) at the soonest: asked sooner, the bound is still full, and every refusal costs
+# a claim and a write (an organization with 100 dead names pinged: 160 a second at 1 s).
+LOOKUP_BUSY_RETRY_SECONDS = 5
 
 
 class Dispatcher:
     """Claims due deliveries into free slots of a thread pool and records each attempt."""
 
     def __init__(self, config):
-        self.clock = config["CLOCK"]
-        self.sender = Sender(config)
+        self.config, self.clock = config, config["CLOCK"]
         self.timeout = config["DELIVERY_TIMEOUT"]
         self.policy = RetryPolicy(config["DELIVERY_RETRY_DELAYS"], config["AUTO_DISABLE_THRESHOLD"])
         self.concurrency = config["DELIVERY_CONCURRENCY"]
@@ -87,6 +93,12 @@ class Dispatcher:
         self._scan_backoff = 0.0
         self._next_scan_at = 0.0  # time.monotonic(); later while the database fails
         self._rescan_in = 0.0  # seconds until the next scan while due deliveries wait elsewhere
+
+    @functools.cached_property
+    def sender(self) -> Sender:
+        """Built at first use, not with the app: it loads PARTNER_DELIVERY_CA_BUNDLE (ValueError if it
+        cannot), which the start-up step checks before serving."""
+        return Sender(self.config)
 
     # --- lifecycle -----------------------------------------------------------------------------
 
@@ -241,9 +253,13 @@ class Dispatcher:
     def _run_in_slot(self, claim: Claim) -> None:
         try:
             self.attempt(claim)
-        except Exception:
+        except Exception as error:  # noqa: BLE001 - logged: a pool thread's exception would vanish
             # The claim's lease expires and the attempt is made again; never lose the slot.
-            log.exception("delivery attempt crashed: event=%s", claim.event_id)
+            if is_unavailable(error):  # the outage itself is logged once (availability)
+                log.warning("delivery event=%s attempt=%d: outcome not recorded while its lease lasted (%s); "
+                            "the attempt is made again", claim.event_id, claim.attempt, describe(error))
+            else:
+                log.exception("delivery attempt crashed: event=%s", claim.event_id)
         finally:
             self._release_slots(1, int(claim.failing))
         if (self._free_slots >= self.refill_at or self._queued.is_set()) and not self._stopping.is_set():
@@ -272,11 +288,27 @@ class Dispatcher:
     def attempt(self, claim: Claim) -> Recorded:
         """Make one attempt of a claimed delivery: send, record, log."""
         attempted_at = now_ms(self.clock)
-        result = self.sender.send(claim, attempted_at)
+        try:
+            result = self.sender.send(claim, attempted_at)
+        except LookupsBusy as error:
+            return self._put_off(claim, error)
         outcome = Outcome(claim, result, attempted_at, now_ms(self.clock), self.random.uniform(0, MAX_JITTER))
         recorded = self._record(outcome)
         log_attempt(outcome, recorded)
         return recorded
+
+    def _put_off(self, claim: Claim, error: LookupsBusy) -> Recorded:
+        """No lookup of the claim's host could start: its tenant's own lookups, or every thread, held
+        by lookups still running (partner/outbound/dns.py). Nothing was sent, so nothing is counted
+        against the subscription: the delivery is given back, due again in LOOKUP_BUSY_RETRY_SECONDS.
+        Should that write fail (the database down), the lease runs out and the delivery is taken again
+        then, counted as an attempt whose outcome was not recorded, as any attempt an outage cuts short."""
+        due_ms = now_ms(self.clock) + to_ms(LOOKUP_BUSY_RETRY_SECONDS)
+        with db.connection_context():
+            put_off(claim, due_ms)
+        log.info("delivery event=%s subscription=%s not attempted: DNS lookup not started (%s); due again "
+                 "in %s s", claim.event_id, claim.subscription_id, error, LOOKUP_BUSY_RETRY_SECONDS)
+        return NOT_RECORDED
 
     def _record(self, outcome: Outcome) -> Recorded:
         """Write the outcome; when that fails, write it again with backoff while the lease lasts
@@ -292,12 +324,17 @@ class Dispatcher:
                 pause = next(pauses, None)
                 if pause is None or time.monotonic() + pause > deadline:
                     raise
-                log.error("delivery event=%s attempt=%d: outcome not recorded (%s), again in %s s",
-                          claim.event_id, claim.attempt, describe(error), pause)
-                if not is_unavailable(error):
+                # An outage is the operator's to act on once (database_failed logs it), not per outcome.
+                unavailable = is_unavailable(error)
+                if unavailable:
+                    database_failed(error)
+                log.log(logging.WARNING if unavailable else logging.ERROR,
+                        "delivery event=%s attempt=%d: outcome not recorded (%s), again in %s s",
+                        claim.event_id, claim.attempt, describe(error), pause)
+                if not unavailable:
                     outcome = dataclasses.replace(
                         outcome, result=dataclasses.replace(outcome.result, response_excerpt=""))
-                if self._stopping.wait(pause) and is_unavailable(error):
+                if self._stopping.wait(pause) and unavailable:
                     raise
 
 

@@ -9,20 +9,24 @@ import tempfile
 
 from flask import Config
 
-from partner.config import is_port
+from partner.config import DEFAULTS, is_port
 from partner.edge.ops_port import unserved_ops_port
-from partner.errors import APP_LOAD_ERROR
-from partner.operator.logs import ACCESS_FORMAT, GunicornLogger, logging_config
+from partner.errors import APP_LOAD_ERROR, StartRefused
+from partner.telemetry.logs import ACCESS_FORMAT, GunicornLogger, logging_config
 
 wsgi_app = "wsgi:app"
 
 
-def _ops_port() -> int | None:
-    """PARTNER_OPS_PORT as the app reads it (Flask's from_prefixed_env); a value that is not a port
-    is the app's to refuse, naming it."""
+def _setting(name: str):
+    """PARTNER_<name> as the app reads it (Flask's from_prefixed_env), or its default."""
     settings = Config(os.getcwd())
     settings.from_prefixed_env("PARTNER")
-    port = settings.get("OPS_PORT")
+    return settings.get(name, DEFAULTS.get(name))
+
+
+def _ops_port() -> int | None:
+    """PARTNER_OPS_PORT; a value that is not a port is the app's to refuse, naming it."""
+    port = _setting("OPS_PORT")
     return port if is_port(port) else None
 
 
@@ -56,9 +60,18 @@ if not os.environ.get(METRICS_DIR):
 
 
 def on_starting(server):
-    """Empty the metrics directory of a previous run's counts (once per start, not per reload)."""
+    """Once per service start (not per reload), in the master before any worker forks: empty the
+    metrics directory of a previous run's counts, then the start-up step (partner/startup.py) on an
+    app of its own. A refusal has been said in one line: the master stops, before binding a port."""
     for stale in glob.glob(os.path.join(os.environ[METRICS_DIR], "*.db")):
         os.remove(stale)
+    # Only now: importing the app imports prometheus_client, which reads the directory's setting.
+    from app import create_app
+    from partner.startup import start_service
+    try:
+        start_service(create_app(), workers=server.cfg.workers)
+    except StartRefused:
+        sys.exit(APP_LOAD_ERROR)
 
 
 def on_exit(server):
@@ -81,11 +94,16 @@ def post_fork(server, worker):
 
 
 def post_worker_init(worker):
-    """Refuse an ops port this server does not serve; then start this worker's delivery scanner
-    (never in the master: workers could not reach it)."""
+    """Refuse an ops port this server does not serve; then load this worker's keys and start its
+    delivery scanner (never in the master: workers could not reach it)."""
+    from partner.startup import start_worker  # the app's modules are the worker's to import
     refusal = unserved_ops_port(worker.wsgi.config["OPS_PORT"], [listener.getsockname() for listener in worker.sockets])
     if refusal:
         worker.log.error("refusing to start: %s", refusal)
+        sys.exit(APP_LOAD_ERROR)
+    try:
+        start_worker(worker.wsgi)
+    except StartRefused:
         sys.exit(APP_LOAD_ERROR)
     worker.wsgi.extensions["delivery"].start()
 

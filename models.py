@@ -1,87 +1,10 @@
-"""The peewee models (mirrors of schema.sql) and the database lifecycle: open, bring the schema up to date."""
+"""The peewee models: mirrors of schema.sql (tests/test_models.py proves they agree), and nothing else."""
 
-import logging
-import os
-import sqlite3
+from peewee import (SQL, BigIntegerField, BlobField, BooleanField, ForeignKeyField, IntegerField, Model,
+                    ModelIndex, TextField)
 
-from peewee import (SQL, BigIntegerField, BlobField, BooleanField, DatabaseProxy, ForeignKeyField,
-                    IntegerField, Model, ModelIndex, PostgresqlDatabase, TextField)
-from playhouse.db_url import connect
-
-from partner import migrations, sealing
-from partner.operator.logs import QUERY_LOG_FILTER
-
-# WAL lets readers run beside the one writer; the busy timeout makes writers queue, not fail.
-# cache_size: 512 KiB of pages per connection instead of SQLite's 2 MiB. Every pooled connection
-# keeps its own cache, and in WAL mode any commit empties the others' at their next read, so big
-# caches held mostly stale pages: the worker's RSS grew by the connections' 2 MiB each for minutes
-# (bench/soak.py). 512 KiB still holds what a claim touches in a million-row history (256 KiB made
-# it 10 % slower: bench/state_scale.py); the operating system's page cache holds the rest.
-# synchronous=NORMAL here, FULL for the commits acknowledged to someone (database.write_transaction):
-# NORMAL in WAL mode survives an application crash but not a power cut or an OS crash; FULL fsyncs
-# the commit before it returns, so a 202, a 201 whose secret the partner stored or a revoked key
-# survives those too. The delivery engine's bookkeeping stays NORMAL: losing it only causes a re-send.
-SQLITE_PRAGMAS = {"journal_mode": "wal", "busy_timeout": 5000, "foreign_keys": 1,
-                  "synchronous": "normal", "cache_size": -512}
-# Connections are pooled: opening one (and, on SQLite, running the pragmas) per request or per
-# delivery attempt costs more than the query. `timeout`: seconds to wait for a free connection.
-POOLED_SCHEMES = {"sqlite", "postgres", "postgresql"}
-POOL = {"max_connections": 64, "stale_timeout": 300, "timeout": 10}
-# Recording the successes of a batch is one `UPDATE … RETURNING`, and a claim reads its candidates
-# once from `MATERIALIZED` queries (partner/claims.py): SQLite has both since 3.35.0, PostgreSQL
-# since 12.
-SQLITE_FLOOR, POSTGRESQL_FLOOR = (3, 35, 0), (12,)
-
-db = DatabaseProxy()
-
-
-def open_database(url: str, migrate: bool = True, sqlite_version: tuple[int, ...] = sqlite3.sqlite_version_info):
-    """Bind `db` to the database at `url` (a playhouse.db_url URL) and, unless told not to, apply its
-    pending migrations (raising migrations.SchemaTooNew for a database newer than the code). One
-    database per process: a second call re-binds every model. `sqlite_version`: the library's."""
-    scheme, rest = url.split("://", 1)
-    if scheme.startswith("sqlite"):
-        require_version("SQLite", sqlite_version, SQLITE_FLOOR)
-    logging.getLogger("peewee").addFilter(QUERY_LOG_FILTER)  # idempotent: one filter instance
-    params = dict(POOL)
-    if scheme.startswith("sqlite"):
-        # A pooled connection moves between threads, though only one uses it at a time.
-        params.update(pragmas=SQLITE_PRAGMAS, check_same_thread=False)
-        path = rest[1:].split("?", 1)[0]  # sqlite:///relative or sqlite:////absolute
-        if path and path != ":memory:":
-            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    if scheme in POOLED_SCHEMES:
-        url = f"{scheme}+pool://{rest}"
-    database = connect(url, **params)
-    if isinstance(database, PostgresqlDatabase):  # its version is known once connected
-        with database.connection_context():
-            version = postgresql_version(database.server_version)
-        require_version("PostgreSQL", version, POSTGRESQL_FLOOR)
-    db.initialize(database)
-    if migrate:
-        migrations.upgrade(database)
-    return database
-
-
-class DatabaseTooOld(RuntimeError):
-    """A SQLite or PostgreSQL older than the code needs."""
-
-
-def require_version(product: str, version: tuple[int, ...], floor: tuple[int, ...]) -> None:
-    """Refuse, in one line naming both versions, a database older than its floor."""
-    if tuple(version) < floor:
-        raise DatabaseTooOld(f"{product} {_dotted(version)} found; the service needs {product} {_dotted(floor)} "
-                           "or newer (UPDATE … RETURNING, MATERIALIZED)")
-
-
-def postgresql_version(number: int) -> tuple[int, ...]:
-    """psycopg2's server_version (150004, or 90605 before 10) as (15, 4), or (9, 6, 5)."""
-    major, rest = divmod(number, 10000)
-    return (major, rest) if major >= 10 else (major, rest // 100, rest % 100)
-
-
-def _dotted(version: tuple[int, ...]) -> str:
-    return ".".join(map(str, version))
+from partner import sealing
+from partner.store.connection import db
 
 
 class BytesField(BlobField):
@@ -202,6 +125,7 @@ class Failure(BaseModel):
     duration_ms = IntegerField()
     attempted_at = BigIntegerField()
     next_attempt_at = BigIntegerField(null=True)
+    error_detail = TextField(null=True)
 
     class Meta:
         indexes = ((("subscription", "attempted_at", "id"), False),)

@@ -100,6 +100,9 @@ CREATE TABLE IF NOT EXISTS "failure" (
     "duration_ms" INTEGER NOT NULL,
     "attempted_at" BIGINT NOT NULL,
     "next_attempt_at" BIGINT,
+    -- The cause in words, at most 200 characters (partner/outbound/causes.py); null for an
+    -- http_status failure and for those recorded before release 1.3.
+    "error_detail" TEXT,
     FOREIGN KEY ("subscription_id") REFERENCES "subscription" ("id") ON DELETE CASCADE,
     FOREIGN KEY ("event_id") REFERENCES "event" ("id") ON DELETE CASCADE
 );

@@ -16,8 +16,9 @@ import time
 
 import state_scale  # builds the database; sets up the service's keys and path
 
-from models import Subscription, db, open_database  # noqa: E402
-from partner import backup  # noqa: E402
+from models import Subscription, db  # noqa: E402
+from tests.support import open_database  # noqa: E402
+from partner.store import backup  # noqa: E402
 from state_scale import events  # noqa: E402  (the outbox, in trees before events.py)
 
 HISTORY = int(sys.argv[1]) if len(sys.argv) > 1 else 1_000_000

@@ -105,7 +105,10 @@ class Service:
 
     def create_key(self, org: str = "bench", scopes=("webhooks:manage",),
                    rate_limit: int = BIG_RATE_LIMIT) -> str:
-        """`flask keys create`; the full key is the last line of stdout."""
+        """`flask keys create`; the full key is the last line of stdout. Before the service's first
+        start, the database is made as that start would (a command never makes one)."""
+        subprocess.run([sys.executable, "-c", MAKE_DATABASE, self.env["PARTNER_DATABASE_URL"]], cwd=SERVICE_ROOT,
+                       env=self.env, check=True, timeout=120)
         args = ["keys", "create", "--org", org, "--rate-limit", str(rate_limit)]
         for scope in scopes:
             args += ["--scope", scope]
@@ -180,6 +183,12 @@ def run_threads(target, count: int) -> None:
     and raise the first error any of them raised."""
     with ThreadPoolExecutor(max_workers=count) as pool:
         list(pool.map(target, range(count)))
+
+
+# Code of the service's tree that brings a database up to date, as a start does (older trees: a
+# command made it itself).
+MAKE_DATABASE = ("import sys\ntry:\n    from tests.support import open_database\nexcept ImportError:\n    sys.exit()\n"
+                 "open_database(sys.argv[1]).close_all()")
 
 
 def wait_or_kill(process: subprocess.Popen, seconds: float = 30) -> None:

@@ -36,11 +36,12 @@ NOW_MS = 1_790_000_000_000
 DAY_MS = 86_400_000
 
 sys.path.insert(0, str(SERVICE_ROOT))
-from partner import backlog  # noqa: E402  (the service's modules, from SERVICE_ROOT)
+from partner.store import backlog  # noqa: E402  (the service's modules, from SERVICE_ROOT)
 from partner import outbox  # noqa: E402
 from partner import retention  # noqa: E402
 from app import create_app  # noqa: E402
-from models import Failure, Subscription, db, open_database  # noqa: E402
+from models import Failure, Subscription, db  # noqa: E402
+from tests.support import open_database  # noqa: E402
 from peewee import SqliteDatabase  # noqa: E402
 
 try:  # events.py was split out of the outbox on 2026-11-26
@@ -48,7 +49,8 @@ try:  # events.py was split out of the outbox on 2026-11-26
 except ImportError:
     events = outbox
 try:  # release 1.2: schema versions, sealed secrets
-    from partner import migrations, sealing  # noqa: E402
+    from partner import sealing  # noqa: E402
+    from partner.store import migrations  # noqa: E402
     os.environ.setdefault("PARTNER_ENCRYPTION_KEYS", json.dumps([sealing.new_key()]))
     sealing.use(sealing.keyring_of(os.environ["PARTNER_ENCRYPTION_KEYS"]))
 except ImportError:

@@ -1,5 +1,6 @@
-"""The service with a stub resolver in its RESOLVER seam, for bench/dns_isolation.py:
-`gunicorn bench.stub_dns_app:app`, served by the repo's gunicorn.conf.py like the service.
+"""The service with a stub resolver in its RESOLVER seam, for bench/dns_isolation.py and
+tests/test_tenant_lookups.py: `gunicorn bench.stub_dns_app:app`, served by the repo's gunicorn.conf.py
+like the service.
 
 Every `*.bench.test` name is 127.0.0.1, at once. Names under `dead.bench.test` stop answering at all
 (a lookup blocks for good, as with a DNS server that drops queries) once the file named by

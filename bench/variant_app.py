@@ -11,7 +11,8 @@ Both replace a function before the modules that use it import it: nothing here i
 
 import os
 
-from partner import database, sealing
+from partner import sealing
+from partner.store import sql as database
 
 variant = os.environ["BENCH_VARIANT"]
 if variant == "normal_commits":

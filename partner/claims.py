@@ -28,7 +28,7 @@ attempt in flight reads only its own row (bench/state_scale).
 """
 
 from models import SQL_CONDITIONS
-from partner.database import select_rows
+from partner.store.sql import select_rows
 
 # Portable (SQLite 3.35+ and PostgreSQL 12+: recursive CTEs, window functions, MATERIALIZED), run
 # by database.select_rows. The state conditions are the partial indexes' own, word for word. heads and

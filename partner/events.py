@@ -8,7 +8,7 @@ import uuid
 from peewee import Tuple
 
 from models import SQL_CONDITIONS, Delivery, Event, Failure, Subscription
-from partner.database import page_of, run_sql, write_transaction
+from partner.store.sql import page_of, run_sql, write_transaction
 from partner.errors import ApiError
 from partner.subscriptions import find_subscription
 from partner.timestamps import iso
@@ -33,7 +33,9 @@ def trigger_test_ping(org_id: str, subscription_id: str, secret: str, key_id: st
             raise ApiError(403, "secret_mismatch", "The secret does not match this subscription's.")
         if not subscription.active:
             raise ApiError(409, "subscription_disabled",
-                           "The subscription was auto-disabled after repeated failures.")
+                           f"The subscription was auto-disabled after repeated failures. Fix your endpoint, then "
+                           f"ask the service's operator to re-enable it (flask webhooks enable {subscription.id}), "
+                           f"or delete it and create a new one.")
         return enqueue_test_ping(subscription, key_id, now_ms)
 
 

@@ -7,15 +7,15 @@ import secrets
 from dataclasses import dataclass, field
 
 from models import ApiKey, Organization
-from partner.database import is_sqlite, new_id, random_token, select_rows, write_transaction
-from partner.errors import ValidationError, field_error
+from partner.store.sql import is_sqlite, new_id, random_token, select_rows, write_transaction
+from partner.errors import OperatorError, ValidationError, field_error
 
 KEY_PREFIX = "vck_"
 KEY_ID_LENGTH = 20
 SECRET_BYTES = 32
 DEFAULT_RATE_LIMIT = 600
-# The largest a 32-bit INTEGER column holds (rate_limit_per_minute is one on PostgreSQL).
-MAX_RATE_LIMIT = 2**31 - 1
+# Requests per minute an organization may be given: ~16,700 a second, past what one service answers.
+MAX_RATE_LIMIT = 1_000_000
 
 # `vck_<key_id>.<secret>`: key id alphanumeric; secret base64url without padding (never a dot).
 KEY_PATTERN = re.compile(r"vck_([A-Za-z0-9]{16,64})\.([A-Za-z0-9_-]{43,128})")
@@ -24,6 +24,7 @@ SLUG_PATTERN = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
 IDENTITY_READ = "identity:read"
 WEBHOOKS_MANAGE = "webhooks:manage"
 GRANTABLE_SCOPES = frozenset({IDENTITY_READ, WEBHOOKS_MANAGE})
+VALID_SCOPES = f"the valid scopes are {', '.join(sorted(GRANTABLE_SCOPES))}"
 RESERVED_SCOPES = frozenset({
     "leads:read", "leads:write", "intakes:read", "intakes:write", "records:read", "records:write",
     "skills:read", "skills:author", "skills:execute", "agents:invoke", "tenants:provision",
@@ -97,9 +98,9 @@ def check_scopes(requested: list[str]) -> list[str]:
     for scope in requested:
         if scope in RESERVED_SCOPES:
             errors.append(field_error("scopes", "reserved_scope",
-                                      f"Scope {scope!r} is reserved for a future version."))
+                                      f"Scope {scope!r} is reserved for a future version; {VALID_SCOPES}."))
         elif scope not in GRANTABLE_SCOPES:
-            errors.append(field_error("scopes", "unknown_scope", f"Scope {scope!r} does not exist."))
+            errors.append(field_error("scopes", "unknown_scope", f"Scope {scope!r} does not exist; {VALID_SCOPES}."))
     if errors:
         raise ValidationError(errors)
     return sorted({IDENTITY_READ, *requested})
@@ -113,7 +114,9 @@ def check_slug(slug: str) -> str:
 
 
 def create_key(slug: str, scopes: list[str], now_ms: int, rate_limit: int | None = None) -> IssuedKey:
-    """Issue a key for the organization `slug`, creating the organization on first use."""
+    """Issue a key for the organization `slug`, creating the organization on first use with
+    `rate_limit` (default DEFAULT_RATE_LIMIT). An existing organization keeps its limit: another one
+    given here is refused, because a key issued for a test must not change every key's budget."""
     scope_list = check_scopes(scopes)
     check_slug(slug)
     with write_transaction():
@@ -124,8 +127,10 @@ def create_key(slug: str, scopes: list[str], now_ms: int, rate_limit: int | None
          .on_conflict_ignore().execute())
         org = Organization.get(Organization.slug == slug)
         if rate_limit is not None and org.rate_limit_per_minute != rate_limit:
-            org.rate_limit_per_minute = rate_limit
-            org.save()
+            raise OperatorError(
+                f"Organization {slug} already has a limit of {org.rate_limit_per_minute} requests per minute, "
+                f"shared by all its keys; no key was created. Change it with `flask orgs set-limit {slug} "
+                f"{rate_limit}`, or leave out --rate-limit.")
         secret = secrets.token_urlsafe(SECRET_BYTES)
         # Key ids are never reused: the primary key refuses a collision, and revoked rows stay forever.
         key = ApiKey.create(key_id=random_token(KEY_ID_LENGTH), organization=org, secret_hash=hash_secret(secret),

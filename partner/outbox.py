@@ -36,10 +36,11 @@ import secrets
 import time
 from dataclasses import dataclass, field
 
-from models import IS_OPEN, LIVE_SUBSCRIPTION, SQL_CONDITIONS, Delivery, Failure, Subscription
+from models import LIVE_SUBSCRIPTION, SQL_CONDITIONS, Delivery, Failure
+from partner import dead_letters
 from partner.claims import pick_due
 from partner.config import DEFAULTS
-from partner.database import is_sqlite, new_id, run_sql, select_rows, value_rows, write_transaction
+from partner.store.sql import is_sqlite, new_id, run_sql, select_rows, value_rows, write_transaction
 from partner.outbound.transport import AttemptResult
 from partner.retry import RetryPolicy
 from partner.sealing import SealingError, open_secret
@@ -64,13 +65,14 @@ _TAKE = ('UPDATE delivery SET state = {p}, due_at = {p}, lease_token = {p}, '
 # under way): the take's half of the module docstring's rule.
 _HELD_LIVE = f"EXISTS ({LIVE_SUBSCRIPTION} FOR SHARE SKIP LOCKED)"
 _CLAIMED = ('SELECT e.id AS event_id, e.kind, e.body, d.attempts, d.unrecorded, s.id AS subscription_id, '
-            's.url, s.secret_key_id, s.secret_sealed, s.consecutive_failures, s.active FROM delivery AS d '
-            'JOIN event AS e ON e.id = d.event_id JOIN subscription AS s ON s.id = d.subscription_id '
-            'WHERE d.event_id IN ({ids}) AND d.lease_token = {p}')
+            's.organization_id, s.url, s.secret_key_id, s.secret_sealed, s.consecutive_failures, s.active '
+            'FROM delivery AS d JOIN event AS e ON e.id = d.event_id '
+            'JOIN subscription AS s ON s.id = d.subscription_id WHERE d.event_id IN ({ids}) AND d.lease_token = {p}')
 _RELEASE = ('UPDATE delivery SET state = {p}, due_at = {p}, lease_token = NULL '
             'WHERE lease_token = {p} AND event_id = {p} AND {in_flight}')
-# A subscription whose secret this process cannot open: its pending deliveries wait with the one given
-# back, or each scan would take (and log) the next.
+# A delivery given back unattempted, due later (_put_off): its subscription's pending deliveries wait with
+# it, so that none overtakes it, and, when this process cannot open the subscription's secret, so that
+# each scan does not take (and log) the next.
 _POSTPONE = "UPDATE delivery SET due_at = {p} WHERE subscription_id = {p} AND state = 'pending' AND due_at < {p}"
 _FINISH = ('UPDATE delivery SET state = {p}, attempts = {p}, due_at = {p}, lease_token = NULL '
            'WHERE event_id = {p} AND lease_token = {p}')
@@ -104,6 +106,7 @@ class Claim:
     attempt: int
     lease_token: str
     subscription_id: str
+    organization_id: str
     url: str
     secret: str = field(repr=False)  # a repr may reach a log line or a traceback
     failing: bool = False  # when claimed, the subscription's last attempt had failed: a failing slot
@@ -125,7 +128,8 @@ NOT_RECORDED = Recorded(False)
 # Attempts whose outcome could not be written (their lease expired first) before the delivery is
 # dead-lettered with this result instead of being sent again.
 MAX_UNRECORDED = 3
-NEVER_RECORDED = AttemptResult(False, None, "not_recorded", "", 0)
+NEVER_RECORDED = AttemptResult(False, None, "not_recorded", "", 0,
+                               f"{MAX_UNRECORDED} attempts were made whose outcome could never be written")
 
 
 def claim_due(now_ms: int, limit: int, lease_ms: int, failing_limit: int | None = None,
@@ -148,38 +152,41 @@ def claim_due(now_ms: int, limit: int, lease_ms: int, failing_limit: int | None 
         return []
     token = secrets.token_hex(11)  # 22 characters; a tenth of random_token's cost, once per scan
     locks = {"lock": ""} if is_sqlite() else {"lock": " FOR UPDATE SKIP LOCKED", "live": _HELD_LIVE}
+    made: list = []  # dead letters, reported once committed
     with write_transaction(durable=False):
         taken = run_sql(_TAKE, (Delivery.IN_FLIGHT, now_ms + lease_ms, token, *picked, now_ms), ids=len(picked),
                         **{**SQL_CONDITIONS, **locks}).rowcount
         if not taken:
             return []
         rows = {row["event_id"]: row for row in select_rows(_CLAIMED, (*picked, token), ids=len(picked))}
-        return _attemptable([rows[event_id] for event_id in picked if event_id in rows], token,
-                            now_ms, lease_ms, RetryPolicy([], auto_disable_threshold))
+        claims = _attemptable([rows[event_id] for event_id in picked if event_id in rows], token,
+                              now_ms, lease_ms, RetryPolicy([], auto_disable_threshold), made)
+    dead_letters.report(made)
+    return claims
 
 
-def _attemptable(rows: list[dict], token: str, now_ms: int, lease_ms: int, policy: RetryPolicy) -> list[Claim]:
+def _attemptable(rows: list[dict], token: str, now_ms: int, lease_ms: int, policy: RetryPolicy,
+                 made: list) -> list[Claim]:
     """The claims to attempt among the rows taken under `token`. The others are settled in the
     claim's transaction: of a subscription disabled while they were queued, dead-lettered as disabling
     does; with a secret this process cannot open (sealed under a key it lacks: another process's
     configuration), given back uncounted and logged, its subscription's pending deliveries due no
     sooner than the lease would have ended; unrecorded MAX_UNRECORDED times, dead-lettered as a
-    failure (`not_recorded`)."""
+    failure (`not_recorded`). What is dead-lettered is added to `made`."""
     claims = []
     for row in rows:
         if not row["active"]:
             _release(token, row["event_id"], Delivery.DEAD, None)
-            _dead_letter_open(row["subscription_id"])
+            made += dead_letters.of_disabled(row["subscription_id"], [row])
             continue
         try:
             claim = _claim_of(row, token)
         except SealingError as error:
             log.error("delivery of %s not attempted: %s", row["event_id"], error)
-            _release(token, row["event_id"], Delivery.PENDING, now_ms + lease_ms)
-            run_sql(_POSTPONE, (now_ms + lease_ms, row["subscription_id"], now_ms + lease_ms))
+            _put_off(token, row["event_id"], row["subscription_id"], now_ms + lease_ms)
             continue
         if row["unrecorded"] >= MAX_UNRECORDED:
-            _record_failure(claim, NEVER_RECORDED, now_ms, now_ms, policy, 0.0)
+            _record_failure(claim, NEVER_RECORDED, now_ms, now_ms, policy, 0.0, made)
         else:
             claims.append(claim)
     return claims
@@ -189,7 +196,7 @@ def _claim_of(row: dict, token: str) -> Claim:
     """A claim from its delivery, event and subscription row. The attempt number is written only
     when an outcome is recorded: an attempt cut short is made again under the same number."""
     return Claim(row["event_id"], row["kind"], bytes(row["body"]), row["attempts"] + 1, token,
-                 row["subscription_id"], row["url"],
+                 row["subscription_id"], row["organization_id"], row["url"],
                  open_secret(row["subscription_id"], row["secret_key_id"], row["secret_sealed"]),
                  row["consecutive_failures"] > 0)
 
@@ -212,14 +219,17 @@ def write_outcomes(outcomes: list[Outcome], policy: RetryPolicy) -> list[Recorde
     finishing together at once (group_commit), in one transaction: a streak reset commits with its
     success, or neither does and the write can be made again while the lease lasts. Tests step one
     at a time (tests.support.record_attempt)."""
+    made: list = []  # dead letters, reported once committed
     with write_transaction(durable=False):
         held = _held(outcomes)
         delivered = iter(_write_successes([o for o in outcomes if o.result.ok and o.claim.event_id in held]))
-        return [NOT_RECORDED if outcome.claim.event_id not in held
-                else Recorded(next(delivered)) if outcome.result.ok
-                else _record_failure(outcome.claim, outcome.result, outcome.attempted_at, outcome.finished_at,
-                                     policy, outcome.jitter)
-                for outcome in outcomes]
+        recorded = [NOT_RECORDED if outcome.claim.event_id not in held
+                    else Recorded(next(delivered)) if outcome.result.ok
+                    else _record_failure(outcome.claim, outcome.result, outcome.attempted_at, outcome.finished_at,
+                                         policy, outcome.jitter, made)
+                    for outcome in outcomes]
+    dead_letters.report(made)
+    return recorded
 
 
 def _held(outcomes: list[Outcome]) -> set[str]:
@@ -256,21 +266,22 @@ def _write_successes(outcomes: list[Outcome]) -> list[bool]:
 
 
 def _record_failure(claim: Claim, result: AttemptResult, attempted_at: int, finished_at: int,
-                    policy: RetryPolicy, jitter: float) -> Recorded:
-    """Audit and count a failed attempt whose lease is ours, and decide what follows by `policy`.
-    Call inside a write transaction."""
+                    policy: RetryPolicy, jitter: float, made: list) -> Recorded:
+    """Audit and count a failed attempt whose lease is ours, and decide what follows by `policy`; a
+    dead letter or an auto-disable it makes is added to `made`. Call inside a write transaction."""
     [streak] = select_rows(_COUNT_FAILURE, (claim.subscription_id,))
-    decision = policy.after_failure(claim.attempt, streak["consecutive_failures"],
-                                    bool(streak["active"]), finished_at, jitter)
-    if decision.auto_disable:
-        _auto_disable(claim.subscription_id, finished_at)
+    active = bool(streak["active"])
+    decision = policy.after_failure(claim.attempt, streak["consecutive_failures"], active, finished_at, jitter)
     next_at = decision.next_attempt_at
+    if next_at is None:
+        made += dead_letters.after_failure(claim, result.error, decision.auto_disable, active, finished_at,
+                                           policy.auto_disable_threshold)
     run_sql(_FINISH, (Delivery.PENDING if next_at else Delivery.DEAD, claim.attempt, next_at, claim.event_id,
                       claim.lease_token))
     Failure.create(id=new_id("fail"), subscription=claim.subscription_id, event=claim.event_id,
                    attempt=claim.attempt, http_status=result.http_status, error=result.error,
                    response_excerpt=result.response_excerpt, duration_ms=result.duration_ms,
-                   attempted_at=attempted_at, next_attempt_at=next_at)
+                   attempted_at=attempted_at, next_attempt_at=next_at, error_detail=result.error_detail)
     return Recorded(True, next_at, next_at is None, decision.auto_disable)
 
 
@@ -279,6 +290,21 @@ def release(claims: list[Claim], now_ms: int) -> int:
     the attempt not counted, so another process (or this one restarted) takes them at once."""
     with write_transaction(durable=False):
         return sum(_release(claim.lease_token, claim.event_id, Delivery.PENDING, now_ms) for claim in claims)
+
+
+def put_off(claim: Claim, due_ms: int) -> bool:
+    """Give back a claim whose attempt could not start (no DNS lookup of its host could: delivery.py):
+    pending, due at `due_ms`, the attempt not counted, its subscription's pending deliveries due no
+    sooner. Whether the lease was still ours."""
+    with write_transaction(durable=False):
+        return _put_off(claim.lease_token, claim.event_id, claim.subscription_id, due_ms)
+
+
+def _put_off(lease_token: str, event_id: str, subscription_id: str, due_ms: int) -> bool:
+    released = _release(lease_token, event_id, Delivery.PENDING, due_ms)
+    if released:
+        run_sql(_POSTPONE, (due_ms, subscription_id, due_ms))
+    return bool(released)
 
 
 def _release(lease_token: str, event_id: str, state: str, due_at: int | None) -> int:
@@ -290,17 +316,3 @@ def _holds_lease(claim: Claim) -> bool:
     """Whether the claim's lease is still ours (on SQLite, whose write transaction keeps it so)."""
     return (Delivery.select(Delivery.event)
             .where((Delivery.event == claim.event_id) & (Delivery.lease_token == claim.lease_token)).exists())
-
-
-def _auto_disable(subscription_id: str, now_ms: int) -> None:
-    """Disable the subscription and dead-letter every open delivery to it. Call inside a transaction.
-    In-flight ones keep their lease token, so an attempt still running records its outcome, while
-    one whose process died is never claimed again."""
-    Subscription.update(active=False, auto_disabled_at=now_ms).where(
-        Subscription.id == subscription_id).execute()
-    _dead_letter_open(subscription_id)
-
-
-def _dead_letter_open(subscription_id: str) -> None:
-    (Delivery.update(state=Delivery.DEAD, due_at=None)
-     .where(IS_OPEN & (Delivery.subscription == subscription_id)).execute())

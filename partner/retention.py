@@ -15,15 +15,14 @@ from dataclasses import dataclass, fields
 from datetime import datetime, timedelta, timezone
 
 from models import Setting, db
-from partner.availability import is_unavailable
-from partner.database import is_sqlite, run_sql, write_transaction
+from partner.store.availability import is_unavailable
+from partner.store.sql import is_sqlite, run_sql, write_transaction
+from partner.config import MAX_DAYS
 from partner.timestamps import iso, now_ms
 
 log = logging.getLogger(__name__)
 
 DAY_MS = 86_400_000
-# A century: any age past it is "keep everything", and the cutoff stays a time a datetime can show.
-MAX_DAYS = 36_500
 BATCH = 100  # a few ms of SQLite write lock per batch (bench/state_scale.py: ≤ 50 ms)
 PAUSE_SECONDS = 0.005  # between batches: writers queued behind one get in before the next
 CHECK_EVERY_HOURS = 1  # each process checks hourly; the lease makes it one run a day overall

@@ -103,7 +103,7 @@ def _file_key(path: str) -> str:
             return file.read().strip()
     except FileNotFoundError:
         pass
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o700, exist_ok=True)  # instance/: ours alone
     key, partial = new_key(), f"{path}.partial-{secrets.token_hex(4)}"
     with open(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as file:
         file.write(key + "\n")

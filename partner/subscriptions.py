@@ -6,9 +6,9 @@ import secrets
 from peewee import fn
 
 from models import IN_FLIGHT_CONDITION, Delivery, Organization, Subscription
-from partner import outside_text
-from partner.database import is_sqlite, new_id, page_of, run_sql, select_rows, write_transaction
-from partner.edge.validation import Check, Field
+from partner import safe_text
+from partner.store.sql import is_sqlite, new_id, page_of, run_sql, select_rows, write_transaction
+from partner.validation import Check, Field
 from partner.errors import ApiError, OperatorError, ValidationError, field_error
 from partner.outbound import ssrf
 
@@ -35,13 +35,15 @@ def subscription_fields(resolve: ssrf.Resolver, allowed_networks) -> tuple[Field
     """The fields of a subscription definition; the URL is vetted with `resolve`."""
     return (Field("url", required=True, max_length=ssrf.MAX_URL_LENGTH,
                   check=target_check(resolve, allowed_networks)),
-            Field("description", max_length=MAX_DESCRIPTION_LENGTH, check=no_controls))
+            Field("description", max_length=MAX_DESCRIPTION_LENGTH, check=plain_label))
 
 
-def no_controls(text: str) -> tuple[str, str] | None:
-    """Refuse NUL and other control characters (PostgreSQL cannot store NUL; none belongs in a label)."""
-    if outside_text.has_controls(text):
-        return "invalid_type", "This field must be text without control characters (tab and newline allowed)."
+def plain_label(text: str) -> tuple[str, str] | None:
+    """Refuse control and bidi control characters, naming the first (safe_text.unfit_for_a_label)."""
+    unfit = safe_text.unfit_for_a_label(text)
+    if unfit is not None:
+        return "invalid_type", (f"This field must be plain text: {safe_text.character_name(unfit)} is a control "
+                                f"or bidi formatting character (tab and newline are allowed).")
     return None
 
 
@@ -84,7 +86,7 @@ def find_subscription(org_id: str, subscription_id: str, lock: bool = False) -> 
         (Subscription.id == subscription_id) & (Subscription.organization == org_id) & LIVE)
     if lock and not is_sqlite():
         query = query.for_update("FOR SHARE")
-    subscription = None if outside_text.has_controls(subscription_id) else query.first()
+    subscription = None if safe_text.has_controls(subscription_id) else query.first()
     if subscription is None:
         raise ApiError(404, "not_found", "No such subscription.")
     return subscription

@@ -8,21 +8,22 @@ import threading
 import pytest
 import trustme
 
-from app import create_app
 from partner.keys import create_key
-from models import SQLITE_PRAGMAS, db
+from models import db
 from partner import sealing
+from partner.store.connection import SQLITE_PRAGMAS
 from tests.contract import ContractClient
 from tests.receivers import RawServer, Receiver
-from tests.support import ENCRYPTION_KEYS, PUBLIC_IP, WEBHOOKS, FakeClock, StubResolver, bearer, json_of
+from tests.support import ENCRYPTION_KEYS, started_app, PUBLIC_IP, WEBHOOKS, FakeClock, StubResolver, bearer, json_of
 
 ALLOWED_LOOPBACK = ["127.0.0.0/8"]
 
 # Every app the suite builds, in this process or another, seals with the suite's key.
 os.environ["PARTNER_ENCRYPTION_KEYS"] = json.dumps(ENCRYPTION_KEYS)
 
-# Throwaway Redis and PostgreSQL servers (fixtures redis_server, redis_url, postgres_server, postgres_url).
-pytest_plugins = ["tests.servers", "tests.gunicorn_server"]
+# Throwaway Redis, PostgreSQL and Prometheus servers (fixtures redis_server, redis_url, postgres_server,
+# postgres_url, start_prometheus), and a real gunicorn (gunicorn, server_env).
+pytest_plugins = ["tests.servers", "tests.gunicorn_server", "tests.prometheus_server"]
 
 
 @pytest.fixture(autouse=True)
@@ -66,7 +67,8 @@ def pytest_generate_tests(metafunc):
 # while it runs (request.getfixturevalue) is not among the test's fixture names: a parameter naming
 # the server (the backend's, a database_url's, a config's) or the module says so instead, and
 # servers.py refuses to hand a server to a test left unmarked.
-SERVER_FIXTURES = {"postgres_server", "own_postgres_server", "redis_server", "server_env", "gunicorn"}
+SERVER_FIXTURES = {"postgres_server", "own_postgres_server", "redis_server", "server_env", "gunicorn",
+                   "start_prometheus"}
 SERVER_PARAMS = {"postgresql", "redis"}
 SERVER_MODULES = {"test_api_live", "test_disk_full", "test_postgres"}  # a browser, a tmpfs, PostgreSQL throughout
 
@@ -103,7 +105,7 @@ def config(request, database_url, clock, resolver):
 
 @pytest.fixture
 def app(config):
-    app = create_app(config)
+    app = started_app(config)
     app.test_client_class = ContractClient  # every response is checked against openapi.yaml
     return app
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.support import ENCRYPTION_KEYS, free_port
+from tests.support import ENCRYPTION_KEYS, free_port, open_database
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent  # the virtualenv the suite runs in: gunicorn and flask live beside python
@@ -57,6 +57,8 @@ def flask(env, *args: str) -> str:
 
 @pytest.fixture
 def smoke_key(server_env):
+    """A key issued before the service starts: into the database its first start would have made."""
+    open_database(server_env["PARTNER_DATABASE_URL"]).close_all()
     return flask(server_env, "keys", "create", "--org", "smoke", "--scope", "webhooks:manage")
 
 

@@ -63,6 +63,7 @@ class Receiver:
         self.redirect_to = "/"
         self.server = ThreadingHTTPServer((self.host, 0), Handler)
         self.server.daemon_threads = True
+        self.server.handle_error = lambda request, address: None  # a refused handshake may be the point
         # Set by stop(): a step still hanging or dripping ends, since closing the server waits for it.
         self.server.stopped = threading.Event()
         if self.tls:  # the handshake happens in the handler's thread, on its first read
@@ -93,6 +94,16 @@ def hang(seconds: float):
     """A step that accepts the request and answers nothing for `seconds` (or until the receiver stops)."""
     def step(handler):
         handler.server.stopped.wait(seconds)
+    return step
+
+
+def late(seconds: float, status: int = 200):
+    """A step that answers `status` after `seconds` (or once the receiver stops): a slow partner."""
+    def step(handler):
+        handler.server.stopped.wait(seconds)
+        handler.send_response(status)
+        handler.send_header("Content-Length", "0")
+        handler.end_headers()
     return step
 
 

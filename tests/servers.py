@@ -8,11 +8,12 @@ import glob
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote
 
@@ -39,6 +40,18 @@ class Watchdog:
         self.process.kill()
         self.process.wait()
         self.process.stdin.close()
+
+
+def stop_server(process: subprocess.Popen, watchdog: Watchdog | None) -> None:
+    """SIGTERM, and SIGKILL if it has not exited within 10 s; its watchdog is then not needed."""
+    process.terminate()
+    try:
+        process.wait(10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+    if watchdog:
+        watchdog.cancel()
 
 
 def wait_until(ready, process: subprocess.Popen, what: str, log: Path) -> None:
@@ -68,14 +81,7 @@ class RedisServer:
         return redis.Redis(host="127.0.0.1", port=self.port)
 
     def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-        if self.watchdog:
-            self.watchdog.cancel()
+        stop_server(self.process, self.watchdog)
 
 
 def start_redis(binary: str, workdir: Path) -> RedisServer:
@@ -145,6 +151,7 @@ class PostgresServer:
     as_user: list
     watchdog: Watchdog | None = None
     options: str = ""  # postgres's command-line options, kept for resume()
+    frozen: list = field(default_factory=list)  # the processes freeze() stopped
 
     def url(self, schema: str) -> str:
         """A PARTNER_DATABASE_URL whose connections see only `schema` (their search_path)."""
@@ -192,11 +199,40 @@ class PostgresServer:
         self.pg_ctl("start", "-w", "-t", str(START_SECONDS), "-l", str(self.root / "postgres.log"),
                     "-o", self.options)
 
+    def freeze(self) -> None:
+        """A server alive to the kernel that answers nothing (SIGSTOP on every process of it): its
+        sockets still take bytes and acknowledge them. thaw() lets it run on."""
+        postmaster = int((self.root / "data" / "postmaster.pid").read_text().split()[0])
+        os.kill(postmaster, signal.SIGSTOP)  # first: then it starts no process while the others stop
+        self.frozen.append(postmaster)
+        for pid in children(postmaster):
+            os.kill(pid, signal.SIGSTOP)
+            self.frozen.append(pid)
+
+    def thaw(self) -> None:
+        for pid in self.frozen:
+            os.kill(pid, signal.SIGCONT)
+        self.frozen = []
+
     def stop(self) -> None:
+        self.thaw()
         subprocess.run(self.stop_command(), stdin=subprocess.DEVNULL, capture_output=True)
         shutil.rmtree(self.root, ignore_errors=True)
         if self.watchdog:
             self.watchdog.cancel()
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is `pid`."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except (OSError, ValueError):
+            continue
+        if entry.isdigit() and int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            found.append(int(entry))
+    return found
 
 
 def start_postgres(bin_dir: Path) -> PostgresServer:

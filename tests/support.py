@@ -1,15 +1,24 @@
 """The tests' one vocabulary: paths, the auth header, the problem assertion, the injected clock and
-resolver, a free loopback port and a raw HTTP exchange. Fixtures live in conftest.py; receivers in
+resolver, a free loopback port, a raw HTTP exchange and a headless browser. Fixtures live in conftest.py; receivers in
 tests/receivers.py."""
 
+import shutil
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
+import pytest
+
+from app import create_app
 from models import Delivery, Event, Subscription, db
 from partner import sealing
 from partner.outbox import Outcome, Recorded, write_outcomes
+from partner.startup import start_service
+from partner.store import migrations
+from partner.store.connection import bind, make_directory, require_supported
 
 API = "/api/v1/partner"
 ME = f"{API}/me"
@@ -23,6 +32,24 @@ PUBLIC_URL = "https://hooks.partner.example/h"  # resolves to PUBLIC_IP through 
 ENCRYPTION_KEYS = ["c3VpdGUta2V5LW5vdC1zZWNyZXQtMzItYnl0ZXMhISE"]
 # A second key, for rotations: put first, it seals, and the suite's key only opens.
 NEW_ENCRYPTION_KEY = "bmV3LWtleS1mb3ItdGhlLXJvdGF0aW9uLXRlc3QhISE"
+
+
+def open_database(url: str):
+    """Bind the process's database to `url` and bring its schema up to date, as a start does."""
+    make_directory(url)
+    database = bind(url)
+    require_supported(database)
+    migrations.upgrade(database)
+    return database
+
+
+def started_app(config: dict):
+    """An app built and started as a service start does (partner/startup.py): the database checked,
+    migrated and given its cursor key."""
+    app = create_app(config)
+    start_service(app)
+    return app
+
 
 def bearer(key: str) -> dict:
     """The Authorization header carrying `key`."""
@@ -237,3 +264,17 @@ def refuse_in_sqlite(event: str) -> None:
 
 def allow_in_sqlite() -> None:
     db.execute_sql("DROP TRIGGER refused")
+
+
+CHROMIUM_SECONDS = 90
+
+
+def chromium(*args: str, profile: Path) -> subprocess.CompletedProcess:
+    """Headless Chromium with a fresh profile and nothing of its own on the network."""
+    binary = shutil.which("chromium") or shutil.which("chromium-browser")
+    if binary is None:
+        pytest.skip("chromium is not installed (scripts/test-services.sh installs it)")
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             "--hide-scrollbars", f"--user-data-dir={profile}", "--virtual-time-budget=15000"]
+    return subprocess.run([binary, *flags, *args], capture_output=True, text=True, timeout=CHROMIUM_SECONDS)

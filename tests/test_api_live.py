@@ -8,7 +8,6 @@ and a stub resolver (the fuzzer's invented host names never reach real DNS)."""
 import json
 import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -18,10 +17,9 @@ import requests
 from partner.edge import apidocs
 from tests.gunicorn_server import BIN, ROOT, Gunicorn
 from tests.servers import free_port
-from tests.support import ENCRYPTION_KEYS
+from tests.support import ENCRYPTION_KEYS, chromium, open_database
 
 SCREENSHOT = ROOT / "docs" / "api-docs.png"
-CHROMIUM_SECONDS = 90
 # Bounded fuzzing: examples per operation, a fixed seed (a failure reproduces), a hard time limit.
 FUZZ_EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "200"))
 FUZZ_SEED = os.environ.get("FUZZ_SEED", "20261122")
@@ -35,6 +33,7 @@ def live_service(workdir: Path, database_url: str):
            if not name.startswith(("PARTNER_", "GUNICORN_", "FLASK_"))}
     env.update(PORT=str(free_port()), PYTHONUNBUFFERED="1", PARTNER_SCHEDULER_ENABLED="false",
                PARTNER_DATABASE_URL=database_url, PARTNER_ENCRYPTION_KEYS=json.dumps(ENCRYPTION_KEYS))
+    open_database(database_url).close_all()  # as the service's first start makes it: the key comes first
     issued = subprocess.run([BIN / "flask", "keys", "create", "--org", "fuzz", "--scope", "webhooks:manage",
                              "--rate-limit", "100000"],
                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=30)
@@ -58,17 +57,6 @@ def service(tmp_path_factory):
 @pytest.fixture(scope="module")
 def postgres_service(tmp_path_factory, postgres_server):
     yield from live_service(tmp_path_factory.mktemp("live-pg"), postgres_server.url(postgres_server.create_schema()))
-
-
-def chromium(*args: str, profile: Path) -> subprocess.CompletedProcess:
-    """Headless Chromium with a fresh profile and nothing of its own on the network."""
-    binary = shutil.which("chromium") or shutil.which("chromium-browser")
-    if binary is None:
-        pytest.skip("chromium is not installed (scripts/test-services.sh installs it)")
-    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-             "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             "--hide-scrollbars", f"--user-data-dir={profile}", "--virtual-time-budget=15000"]
-    return subprocess.run([binary, *flags, *args], capture_output=True, text=True, timeout=CHROMIUM_SECONDS)
 
 
 def test_docs_page_renders_every_endpoint_and_the_webhook(service, tmp_path):

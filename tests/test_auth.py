@@ -14,7 +14,8 @@ def assert_unauthorized(response):
     assert response.content_type == "application/problem+json"
     assert response.headers["WWW-Authenticate"] == 'Bearer realm="partner-api"'
     assert response.get_json() == {"type": "about:blank", "title": "Unauthorized", "status": 401,
-                                   "detail": "A valid API key is required.", "code": "unauthorized"}
+                                   "detail": "A valid API key is required, sent as 'Authorization: Bearer vck_...'.",
+                                   "code": "unauthorized"}
 
 
 def test_missing_header_is_401(client):

@@ -8,12 +8,18 @@ import time
 
 import pytest
 
+from models import db
+from tests.support import open_database
+from partner.store import backup, migrations
+from partner.errors import OperatorError
+from partner.keys import create_key
 from tests.gunicorn_server import STOP_SECONDS, Gunicorn, PingLoad, flask, run_flask
 from tests.receivers import Receiver
 from tests.support import eventually
 from tests.test_migrations import assert_no_plaintext_secret, build_release
 
 FEEDERS = 4
+LATEST = migrations.number(migrations.names()[-1])
 
 
 def slow_ok(handler):
@@ -153,3 +159,41 @@ def test_the_pre_upgrade_backup_of_a_release_1_1_database_is_taken_by_the_new_co
     made = flask_db(server_env, "backup", str(tmp_path / "pre-upgrade.sqlite3"))
     assert made.returncode == 0, made.stderr
     assert made.stdout.splitlines()[-1].endswith(" bytes, schema 0, integrity ok")
+
+
+ODD_NAMES = ["copy #1.sqlite3", "copy ?mode=rwc.sqlite3", "copy %41.sqlite3"]
+
+
+@pytest.fixture
+def database_file(tmp_path) -> str:
+    """A database of the current schema, with a key in it, that no service holds open."""
+    path = tmp_path / "db" / "partner.sqlite3"
+    open_database(f"sqlite:///{path}")
+    with db.connection_context():
+        create_key("acme", ["webhooks:manage"], 0)
+    db.close_all()
+    return str(path)
+
+
+@pytest.mark.parametrize("name", ODD_NAMES)
+def test_a_backup_to_a_name_with_uri_characters_is_that_file_and_nothing_else(database_file, tmp_path, name):
+    (tmp_path / "copies").mkdir()
+    target = tmp_path / "copies" / name
+    made = backup.backup(f"sqlite:///{database_file}", str(target))
+    assert (made.path, made.version) == (str(target), LATEST)
+    assert [p.name for p in (tmp_path / "copies").iterdir()] == [name]
+    assert rows(target, "SELECT org.slug FROM api_key JOIN organization org ON org.id = organization_id") == [("acme",)]
+
+
+@pytest.mark.parametrize("name", ["future#2.sqlite3", "future?2.sqlite3", "future%2.sqlite3"])
+def test_a_newer_copy_is_not_restored_whatever_its_name(database_file, tmp_path, name):
+    newer = tmp_path / name
+    backup.backup(f"sqlite:///{database_file}", str(newer))
+    with sqlite3.connect(newer) as connection:
+        connection.execute("INSERT INTO schema_migration (name, applied) VALUES ('9999_future', '2030-01-01')")
+    connection.close()
+    before = open(database_file, "rb").read()
+    with pytest.raises(OperatorError, match="newer than this code"):
+        backup.restore(f"sqlite:///{database_file}", str(newer))
+    assert open(database_file, "rb").read() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["db", name])

@@ -6,7 +6,8 @@ import multiprocessing
 
 import pytest
 
-from models import Organization, Subscription, db, open_database
+from models import Organization, Subscription, db
+from tests.support import open_database
 from partner.outbox import claim_due
 from tests.support import queue_in_bulk, run_together
 
@@ -48,9 +49,9 @@ def claim_until_empty(now_ms: int = NOW) -> list[str]:
 
 def scan_in_a_process(database_url: str, start, results) -> None:
     """A separate scanner process: its own app, its own connection, the same database."""
-    from app import create_app
+    from tests.support import started_app
     try:
-        create_app({"DATABASE_URL": database_url, "SCHEDULER_ENABLED": False})
+        started_app({"DATABASE_URL": database_url, "SCHEDULER_ENABLED": False})
         start.wait(timeout=60)
         results.put(claim_until_empty())
     except BaseException as error:

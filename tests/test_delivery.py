@@ -4,18 +4,20 @@ import dataclasses
 import functools
 import gzip
 import json
+import socket
 import sqlite3
 import time
 
 import pytest
 
-from partner import outside_text
+from partner import safe_text
 import signing
 from partner.outbox import claim_due
 from models import Delivery, Failure, Subscription, db
 from tests.receivers import Receiver, drip, drip_bytes, hang, read_request
 from partner.timestamps import iso
-from tests.support import SLACK_SECONDS, WEBHOOKS, counting_scans, eventually, field_codes, json_of
+from delivery import LOOKUP_BUSY_RETRY_SECONDS
+from tests.support import SLACK_SECONDS, WEBHOOKS, bearer, counting_scans, eventually, field_codes, json_of, ping_as
 
 DAY = 86400
 
@@ -139,10 +141,11 @@ def test_failure_record_fields(dispatcher, receiver, subscribe, ping, clock, fai
     event_id = ping(subscription).get_json()["id"]
     dispatcher.run_due()
     [record] = failures(subscription)["data"]
-    assert set(record) == {"id", "event_id", "event", "attempt", "http_status", "error",
+    assert set(record) == {"id", "event_id", "event", "attempt", "http_status", "error", "error_detail",
                            "response_excerpt", "duration_ms", "attempted_at", "next_attempt_at"}
-    assert (record["event_id"], record["event"], record["attempt"], record["http_status"],
-            record["error"], record["response_excerpt"]) == (event_id, "vc.test.ping", 1, 503, "http_status", "ok")
+    assert (record["event_id"], record["event"], record["attempt"], record["http_status"], record["error"],
+            record["error_detail"], record["response_excerpt"]) == (event_id, "vc.test.ping", 1, 503, "http_status",
+                                                                    None, "ok")
     assert record["duration_ms"] >= 0
 
 
@@ -242,6 +245,8 @@ def test_dns_rebinding_to_an_internal_address_fails_without_connecting(failed_at
         resolver.answers["rebind.partner.example"] = ["127.0.0.2"]
         record = failed_attempt(subscription)
         assert (record["error"], record["http_status"]) == ("internal_url", None)
+        assert record["error_detail"] == ("127.0.0.2 (rebind.partner.example) is in 127.0.0.0/8: an internal "
+                                          "address, never delivered to")
         assert internal.received == []
     finally:
         internal.stop()
@@ -297,6 +302,7 @@ def test_a_lookup_that_does_not_answer_in_time_is_a_timeout_lasting_the_deadline
     elapsed = seconds_taken(dispatcher.run_due)
     [record] = failures(subscription)["data"]
     assert (record["error"], record["http_status"]) == ("timeout", None)
+    assert record["error_detail"] == "deadline of 0.5 s reached while resolving the host name"
     assert 500 <= record["duration_ms"] < (0.5 + SLACK_SECONDS) * 1000
     assert 0.5 <= elapsed < 0.5 + SLACK_SECONDS  # the stalled lookup answers only when the test ends
     assert receiver.received == []
@@ -327,13 +333,52 @@ def test_the_lookup_counts_against_the_attempts_deadline(resolver, subscribe, pi
         slow.stop()
 
 
-def test_a_name_that_stops_resolving_is_a_connection_error(resolver, receiver, subscribe, ping, dispatcher, failures):
+@pytest.mark.config(DELIVERY_CONCURRENCY=2, DELIVERY_TIMEOUT=0.3)  # two lookup threads, one per organization
+def test_an_attempt_no_lookup_could_start_for_is_put_off_not_failed(
+        client, issue_key, resolver, receiver, subscribe, ping, dispatcher, failures, listed, clock):
+    lame = []
+    for tenant in ("lame-1", "lame-2"):  # each holds a lookup thread with a name that never answers
+        headers, name = bearer(issue_key(tenant)), f"{tenant}.partner.example"
+        resolver.answers[name] = ["127.0.0.1"]
+        lame.append((headers, json_of(client.post(WEBHOOKS, json={"url": receiver.url_for(name)}, headers=headers), 201)))
+        resolver.stalled.add(name)
+        ping_as(client, headers, lame[-1][1])
+    clock.advance(0.001)  # ours falls due after theirs
+    resolver.answers["ours.partner.example"] = ["127.0.0.1"]
+    ours = subscribe(receiver.url_for("ours.partner.example"))
+    ping(ours)
+    dispatcher.run_due()
+    for headers, theirs in lame:  # their own names: their own timeouts
+        [record] = client.get(f"{WEBHOOKS}/{theirs['id']}/failures", headers=headers).get_json()["data"]
+        assert record["error"] == "timeout"
+    assert (failures(ours)["data"], listed(ours)["consecutive_failures"], receiver.received) == ([], 0, [])
+    resolver.released.set()  # the lookups in its way end; it goes out at its next turn, as attempt 1
+
+    def arrived() -> list:
+        return [r for r in receiver.received if r.headers["Host"].startswith("ours.")]
+
+    def delivered() -> bool:
+        clock.advance(LOOKUP_BUSY_RETRY_SECONDS)
+        dispatcher.run_due()
+        return bool(arrived())
+    assert eventually(delivered)
+    assert ([r.headers["X-VC-Attempt"] for r in arrived()], failures(ours)["data"]) == (["1"], [])
+
+
+@pytest.mark.parametrize("answer, detail", [
+    ((), "lookup of gone.partner.example returned no usable IP address"),
+    (socket.gaierror(socket.EAI_NONAME, "Name or service not known"),
+     "lookup of gone.partner.example failed: Name or service not known"),
+])
+def test_a_name_that_stops_resolving_is_a_connection_error(resolver, receiver, subscribe, ping, dispatcher, failures,
+                                                           answer, detail):
     resolver.answers["gone.partner.example"] = ["127.0.0.1"]
     subscription = subscribe(f"http://gone.partner.example:{receiver.server.server_port}/hook")
-    del resolver.answers["gone.partner.example"]
+    resolver.answers["gone.partner.example"] = answer
     ping(subscription)
     dispatcher.run_due()
-    assert failures(subscription)["data"][0]["error"] == "connection_error"
+    [record] = failures(subscription)["data"]
+    assert (record["error"], record["error_detail"]) == ("connection_error", detail)
 
 
 @pytest.mark.both_databases
@@ -509,7 +554,7 @@ POISON_TEXT = "\ufffderror\ufffd\ufffd\ufffd\ufffd[31m\ufffd"  # one POISON unit
 HOSTILE = [  # (behaviour, http_status, error, the excerpt stored or a check of it)
     pytest.param(nul_and_invalid_utf8, 500, "http_status", POISON_TEXT * 37 + POISON_TEXT[:-1], id="nul"),
     pytest.param(gzip_bombed, 500, "http_status",
-                 lambda excerpt: excerpt == outside_text.excerpt(gzip_bomb()) and "AAAA" not in excerpt,
+                 lambda excerpt: excerpt == safe_text.excerpt(gzip_bomb()) and "AAAA" not in excerpt,
                  id="gzip-bomb"),
     pytest.param(ten_megabytes, 502, "http_status", "€" * 341, id="10-mb-body"),
     pytest.param(dripped_headers, None, "timeout", "", id="dripped-headers"),

@@ -2,17 +2,19 @@
 gunicorn, and the Prometheus config and alert rules through promtool. Each test skips, saying why,
 when its program is not installed (scripts/test-services.sh installs both)."""
 
+import os
 import re
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from tests.gunicorn_server import ROOT, Gunicorn
-from tests.support import ME, WEBHOOKS, bearer, free_port
+from tests.support import ME, WEBHOOKS, bearer, eventually, free_port
 
 DEPLOY = ROOT / "deploy"
 NGINX = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
@@ -25,7 +27,7 @@ NGINX_CONFIG = """
 worker_processes 1;
 pid {prefix}/nginx.pid;
 error_log {prefix}/error.log;
-events {{ worker_connections 64; }}
+events {{ worker_connections 512; }}
 http {{
     access_log off;
     client_body_temp_path {prefix}/body;
@@ -132,6 +134,72 @@ def test_two_clients_behind_the_proxy_have_separate_failed_authentication_budget
     assert get(proxy, ME, spoofed, source="127.0.0.2")[0] == 429
 
 
+SLOW_HEADERS, SLOW_BODIES = 48, 8
+# nginx drops a silent client after the kit's 10 s (its default is a minute).
+DROPPED_WITHIN_SECONDS = 20
+
+
+def slow_client(port: int, request: bytes) -> socket.socket:
+    """A client that sends `request` (never the whole of one) and then nothing."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+    sock.sendall(request)
+    sock.setblocking(False)
+    return sock
+
+
+def dropped(sock: socket.socket) -> bool:
+    """Whether the server has closed this connection (after a 408, or without a word)."""
+    try:
+        while data := sock.recv(65536):
+            del data  # nginx may say 408 first
+        return True
+    except BlockingIOError:
+        return False
+    except OSError:  # reset
+        return True
+
+
+def test_slow_clients_wait_in_nginx_while_the_service_answers_as_before(proxy, service, smoke_key, session):
+    """Half a header line, or a body that stops short, then silence: gunicorn never sees them, so
+    its threads keep answering the operator's /healthz and the partners behind nginx; nginx drops
+    them at its own timeouts."""
+    def answers() -> tuple[int, int, float]:
+        started = time.monotonic()
+        health = session.get(service.base_url + "/healthz", timeout=5).status_code
+        me = get(proxy, ME, bearer(smoke_key))[0]
+        return health, me, time.monotonic() - started
+
+    before = answers()
+    half_header = b"GET /api/v1/partner/me HTTP/1.1\r\nHost: api.exa"
+    short_body = (f"POST {WEBHOOKS} HTTP/1.1\r\nHost: api.example.test\r\nAuthorization: Bearer {smoke_key}\r\n"
+                  f"Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{{\"url\": ").encode()
+    slow = [slow_client(proxy, half_header) for _ in range(SLOW_HEADERS)]
+    slow += [slow_client(proxy, short_body) for _ in range(SLOW_BODIES)]
+    try:
+        during = [answers() for _ in range(10)]
+        assert [(health, me) for health, me, _ in during] == [before[:2]] * 10 == [(200, 200)] * 10
+        assert max(seconds for _, _, seconds in during) < 2, during
+        assert eventually(lambda: all(map(dropped, slow)), seconds=DROPPED_WITHIN_SECONDS, pause=0.5)
+    finally:
+        for sock in slow:
+            sock.close()
+    assert answers()[:2] == (200, 200)
+
+
+def test_the_kit_binds_the_partner_port_where_only_the_proxy_reaches_it(tmp_path):
+    """gunicorn.conf.py under the unit's environment listens on loopback only, at the address the
+    nginx site forwards to."""
+    unit = (DEPLOY / "systemd" / "partner.service").read_text()
+    env = dict(re.findall(r"^Environment=(\w+)=(.*)$", unit, re.M))
+    settings = subprocess.run([sys.executable, "-c", "import runpy; print(runpy.run_path('gunicorn.conf.py')['bind'])"],
+                              cwd=ROOT, env={"PATH": os.environ["PATH"], "PROMETHEUS_MULTIPROC_DIR": str(tmp_path), **env},
+                              capture_output=True, text=True, timeout=60)
+    assert settings.returncode == 0, settings.stderr
+    assert settings.stdout.strip() == "['127.0.0.1:8000']"
+    site = (DEPLOY / "nginx" / "partner-site.conf").read_text()
+    assert re.findall(r"^\s*server (\S+);", site, re.M) == ["127.0.0.1:8000"]
+
+
 @pytest.mark.parametrize("path", ["/api/v1/partner/me%0D%0A2026-11-23%2000:00:00%20[WARNING]%20app:%20forged",
                                   "/api/v1/partner/me%1B[2K"])
 def test_a_path_with_control_characters_through_the_proxy_leaves_one_clean_access_line(proxy, service, path):
@@ -152,7 +220,7 @@ def test_promtool_accepts_the_prometheus_files(check, path):
 
 
 def test_the_alert_rules_watch_metrics_the_service_exports():
-    from partner.operator import metrics  # importing it registers every metric
+    from partner.telemetry import metrics  # importing it registers every metric
     exported = {name for family in metrics.REGISTRY.collect() for name in (family.name, family.name + "_total")}
     exported |= {"partner_database_up", "partner_deliveries_due", "partner_delivery_oldest_due_seconds"}
     rules = (DEPLOY / "prometheus" / "alerts.yml").read_text()

@@ -19,9 +19,9 @@ import time
 
 import pytest
 
-from app import create_app
+from tests.support import started_app
 from partner.errors import StartRefused
-from partner.operator.logs import database_name
+from partner.telemetry.logs import database_name
 from tests.contract import ContractClient
 from tests.receivers import Receiver
 from tests.support import ME, PUBLIC_URL, WEBHOOKS, assert_problem, assert_unavailable, bearer, json_of
@@ -118,9 +118,9 @@ def test_a_full_disk_is_503_for_writes_reads_served_logged_once_and_the_same_pro
     finally:
         dispatcher.stop()
         receiver.stop()
-    [outage] = logged(caplog, "partner.availability", logging.ERROR)  # one line for the whole outage, not one per poll
+    [outage] = logged(caplog, "partner.store.availability", logging.ERROR)  # one line for the whole outage, not one per poll
     assert outage.startswith("database unavailable (OperationalError: database or disk is full)"), outage
-    [recovery] = logged(caplog, "partner.availability", logging.WARNING)
+    [recovery] = logged(caplog, "partner.store.availability", logging.WARNING)
     failures_meanwhile = int(recovery.split("(")[1].split()[0])
     assert failures_meanwhile - len(writes) <= 3, recovery  # the scanner's: 1 s, then 2 s apart
 
@@ -130,7 +130,7 @@ def test_started_on_a_full_disk_it_says_so_once_and_serves_reads(config, disk, d
     truncate_wal(database_url)
     disk.fill()
     with caplog.at_level(logging.INFO):
-        app = create_app(config)
+        app = started_app(config)
     [line] = logged(caplog, "app", logging.ERROR)
     assert line == (f"database {database_url} cannot take a write now (OperationalError: database or disk "
                     "is full): API writes answer 503 and /readyz reports not ready until it can")
@@ -160,11 +160,12 @@ def test_a_database_nobody_holds_open_on_a_full_disk_cannot_be_opened_and_start_
     """The last connection to close removes the -wal and -shm files; a new process must create them
     again, which a full disk refuses (SQLite says "disk I/O error"): not even a read is possible, so
     the process does not start. Start-up names the database and the way out."""
-    create_app(config).extensions["database"].close_all()
+    started_app(config).extensions["database"].close_all()
     assert not (disk.path / "partner.sqlite3-shm").exists()
     disk.fill()
     with pytest.raises(StartRefused):
-        create_app(config)
+        started_app(config)
     [line] = logged(caplog, "app", logging.ERROR)
-    assert line.startswith(f"database {database_url} cannot be opened (OperationalError: disk I/O error): "
-                           "the service cannot start until it can"), line
+    assert line == (f"database {database_url} cannot be opened (OperationalError: disk I/O error): the service "
+                    "cannot start until it can (SQLite: its folder must exist, writable by the service's user, "
+                    "with free room for the -wal and -shm files)")

@@ -11,10 +11,10 @@ import stat
 import pytest
 
 import signing
-from app import create_app
+from tests.support import started_app
 from models import Event, Subscription, db
-from partner import sealing
-from partner.encryption import check_stored_keys
+from partner import resealing, sealing
+from partner.resealing import check_stored_keys
 from partner.errors import StartRefused
 from tests.support import ENCRYPTION_KEYS, NEW_ENCRYPTION_KEY, assert_unavailable, ping_as
 from tests.test_migrations import assert_no_plaintext_secret
@@ -34,7 +34,7 @@ def key_id(key: str) -> str:
 def start(config):
     """create_app on the test's database with these keys (a restart with a new setting)."""
     def start(keys):
-        return create_app({**config, "ENCRYPTION_KEYS": keys})
+        return started_app({**config, "ENCRYPTION_KEYS": keys})
     return start
 
 
@@ -66,6 +66,40 @@ def test_deliveries_verify_with_the_original_secret_before_and_after_a_rotation(
     with db.connection_context():
         assert {s.secret_key_id for s in Subscription.select()} == {key_id(NEW)}
     assert_no_plaintext_secret(database_url)
+
+
+def damage_first_secret(client, auth, count: int) -> tuple[str, list[str]]:
+    """`count` subscriptions, the first in id order (so in a rotation's first batch) with a secret
+    that no longer opens; its id and the others'."""
+    ids = sorted(client.post(WEBHOOKS, json={"url": f"https://hooks.partner.example/{n}"}, headers=auth)
+                 .get_json()["id"] for n in range(count))
+    with db.connection_context():
+        moved = Subscription.get_by_id(ids[1]).secret_sealed  # sealed for another subscription
+        Subscription.update(secret_sealed=moved).where(Subscription.id == ids[0]).execute()
+    return ids[0], ids[1:]
+
+
+def sealed_under(ids: list[str]) -> set[str]:
+    with db.connection_context():
+        return {s.secret_key_id for s in Subscription.select().where(Subscription.id.in_(ids))}
+
+
+def test_a_rotation_passes_over_a_damaged_secret_names_it_and_exits_1(app, start, auth, caplog):
+    damaged, others = damage_first_secret(app.test_client(), auth, 5)
+    rotated = start([NEW, OLD]).test_cli_runner().invoke(args=["encryption", "rotate"])
+    assert rotated.exit_code == 1, rotated.output
+    assert f"Re-sealed 4 webhook secrets under key id {key_id(NEW)}; 1 skipped: their secrets do not open" \
+        in rotated.output
+    assert sealed_under(others) == {key_id(NEW)} and sealed_under([damaged]) == {key_id(OLD)}
+    [line] = [r for r in caplog.records if damaged in r.getMessage()]
+    assert line.levelname == "ERROR" and "does not open" in line.getMessage()
+
+
+def test_a_rotation_in_small_batches_gets_past_a_damaged_secret(app, start, auth):
+    damaged, others = damage_first_secret(app.test_client(), auth, 4)
+    with start([NEW, OLD]).app_context(), db.connection_context():
+        assert resealing.rotate(batch=1) == resealing.Rotated(resealed=3, key_id=key_id(NEW), skipped=1)
+    assert sealed_under(others) == {key_id(NEW)}
 
 
 def test_a_secret_under_a_key_no_longer_configured_is_refused_at_start_up(app, start, auth, caplog):
@@ -144,17 +178,17 @@ def test_an_unusable_key_setting_is_refused_at_start_up(start, keys):
 def test_without_keys_sqlite_uses_a_key_file_made_once_with_mode_0600(config, tmp_path, backend, caplog):
     if backend != "sqlite":
         with pytest.raises(StartRefused, match="PARTNER_ENCRYPTION_KEYS is not set"):
-            create_app({**config, "ENCRYPTION_KEYS": None})
+            started_app({**config, "ENCRYPTION_KEYS": None})
         return
     key_file = tmp_path / "instance" / "encryption.key"
     settings = {**config, "ENCRYPTION_KEYS": None, "ENCRYPTION_KEY_FILE": str(key_file)}
-    create_app(settings)
-    create_app(settings)  # the second start reads the same file
+    started_app(settings)
+    started_app(settings)  # the second start reads the same file
     assert stat.S_IMODE(os.stat(key_file).st_mode) == 0o600
     warnings = [r for r in caplog.records if "PARTNER_ENCRYPTION_KEYS is not set" in r.getMessage()]
     assert len(warnings) == 1 and warnings[0].levelname == "WARNING"
     with db.connection_context():
-        check_stored_keys()  # the file's key is the one in use
+        check_stored_keys(db.obj)  # the file's key is the one in use
 
 
 def _load_key_file(path: str, start: multiprocessing.synchronize.Barrier, keys: multiprocessing.Queue) -> None:

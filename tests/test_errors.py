@@ -26,9 +26,32 @@ def test_wrong_method_is_405_and_keeps_allow(client, auth):
     assert set(response.headers["Allow"].split(", ")) >= {"GET", "HEAD", "OPTIONS"}
 
 
-def test_body_over_64_kib_is_413(client, auth):
+def test_body_over_64_kib_is_413_naming_the_limit(client, auth):
     body = b'{"url": "' + b"a" * 70000 + b'"}'
-    assert_problem(client.post(WEBHOOKS, data=body, headers=auth), 413, "payload_too_large")
+    problem = assert_problem(client.post(WEBHOOKS, data=body, headers=auth), 413, "payload_too_large")
+    assert problem["detail"] == "The request body is over 64 KiB, the most this API accepts."
+
+
+@pytest.mark.config(MAX_CONTENT_LENGTH=1000)
+def test_the_413_names_the_limit_configured(client, auth):
+    problem = assert_problem(client.post(WEBHOOKS, data=b" " * 1001, headers=auth), 413, "payload_too_large")
+    assert problem["detail"] == "The request body is over 1000 bytes, the most this API accepts."
+
+
+@pytest.mark.parametrize("data, detail", [
+    (b'{"url": "http://93.184.215.14/",\n "description": }',
+     "The request body is not valid JSON: Expecting value at line 2, column 17."),
+    (b'{"url": "http://93.184.215.14/" "description": "a"}',
+     "The request body is not valid JSON: Expecting ',' delimiter at line 1, column 33."),
+    (b"", "The request body is not valid JSON: Expecting value at line 1, column 1."),
+    (b'{"a": NaN}', "The request body holds NaN, which is not a JSON value."),
+    (b"[]", "The request body must be a JSON object, naming each field once."),
+    (b'{"a": "\\ud800"}', "The request body must be UTF-8 text, with no lone surrogate (\\ud800)."),
+    (b"[" * 60000, "The request body nests arrays or objects too deeply."),
+    (b'{"a": 1' + b"0" * 5000 + b"}", "The request body is not JSON this API can read."),
+])
+def test_invalid_json_says_where_or_which_rule(client, auth, data, detail):
+    assert assert_problem(client.post(WEBHOOKS, data=data, headers=auth), 400, "invalid_json")["detail"] == detail
 
 
 def test_unexpected_exception_is_a_bare_500(app, caplog):
@@ -48,7 +71,8 @@ def test_unexpected_exception_is_a_bare_500(app, caplog):
 def test_a_name_given_twice_is_invalid_json(client, auth, data):
     """I-JSON (RFC 7493): parsers differ on which of two values counts, as they do on an odd URL."""
     body = assert_problem(client.post(WEBHOOKS, data=data, headers=auth), 400, "invalid_json")
-    assert body["detail"] == "The request body must be a JSON object, naming each field once."
+    assert body["detail"] == ("The request body names a field twice in one object; a JSON object names each field "
+                              "once.")
     assert client.get(WEBHOOKS, headers=auth).get_json()["data"] == []
 
 

@@ -13,7 +13,7 @@ from peewee import IntegrityError
 
 from models import Delivery, Event, Failure, Organization, Subscription, db
 from partner.claims import pick_due
-from partner.deliveries import replay_dead_letters
+from partner.history import replay_dead_letters
 from partner.events import enqueue_test_ping
 from partner.outbox import MAX_UNRECORDED, claim_due, release
 from partner.outbound.transport import AttemptResult

@@ -9,8 +9,8 @@ import pytest
 from peewee import OperationalError, Table
 
 from models import db
-from partner import database
-from partner.availability import is_unavailable
+from partner.store import sql as database
+from partner.store.availability import is_unavailable
 from tests.support import ME, PUBLIC_URL, SLACK_SECONDS, WEBHOOKS, assert_unavailable
 
 NEW = {"url": PUBLIC_URL}
@@ -92,7 +92,7 @@ def test_the_outage_is_logged_once_and_its_end_once_a_write_commits(client, auth
         assert client.get(ME, headers=auth).status_code == 200  # reads answer: the outage goes on
     writer_lock_held.set()
     assert client.post(WEBHOOKS, json=NEW, headers=auth).status_code == 201
-    lines = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "partner.availability"]
+    lines = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "partner.store.availability"]
     assert [level for level, _ in lines] == ["ERROR", "WARNING"], lines
     assert lines[0][1].startswith("database unavailable (DatabaseBusy: ")
     assert lines[1][1].startswith("database answers again after ") and "(3 failures meanwhile)" in lines[1][1]

@@ -7,8 +7,8 @@ import pytest
 from peewee import IntegrityError
 
 from models import Delivery, Subscription
-from partner.database import run_sql, select_rows, write_transaction
-from partner.group_commit import GroupCommit
+from partner.store.sql import run_sql, select_rows, write_transaction
+from partner.store.group_commit import GroupCommit
 from partner.outbox import Outcome, claim_due, write_outcomes
 from partner.outbound.transport import AttemptResult
 from partner.retry import RetryPolicy

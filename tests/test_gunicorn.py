@@ -40,6 +40,16 @@ def test_gunicorn_serves_logs_no_secret_and_stops_cleanly(gunicorn, smoke_key, s
     assert "Traceback" not in stderr, stderr
 
 
+def test_workers_that_count_rate_limits_each_in_memory_are_announced_once_at_start_up(server_env, smoke_key,
+                                                                                       tmp_path, session):
+    server = Gunicorn({**server_env, "GUNICORN_CMD_ARGS": "--workers=2", "PARTNER_SCHEDULER_ENABLED": "false"},
+                      tmp_path)
+    server.wait_until_serving(session)
+    assert server.stop() == 0
+    warned = [line for line in server.output()[1].splitlines() if "count rate limits in their own memory" in line]
+    assert len(warned) == 1 and "[WARNING]" in warned[0], server.output()[1]
+
+
 @pytest.mark.parametrize("chunks", [b"zz\r\n{}\r\n0\r\n\r\n",        # a chunk size that is not hex
                                     b"2\r\n{}XX0\r\n\r\n",            # no CRLF after the chunk
                                     b"-2\r\n{}\r\n0\r\n\r\n"])

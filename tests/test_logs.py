@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from partner.operator.logs import logging_config
+from partner.telemetry.logs import logging_config
 from tests.gunicorn_server import Gunicorn
 from tests.support import raw_exchange
 
@@ -18,9 +18,15 @@ HOSTILE_PATHS = {
     "/api/v1/partner/me\r\n" + FORGED: "/api/v1/partner/me%0D%0A" + FORGED.replace(" ", "%20"),
     "/api/v1/partner/me\x1b[2K": "/api/v1/partner/me%1B[2K",
     "/api/v1/partner/me\x9b2K\x7f\x00": "/api/v1/partner/me%C2%9B2K%7F%00",
+    "/api/v1/partner/me\u202etxt.exe": "/api/v1/partner/me%E2%80%AEtxt.exe",
 }
+# How every log line, text or JSON (once decoded), shows each of them.
+ESCAPED_PATHS = ["/api/v1/partner/me\\r\\n" + FORGED, "/api/v1/partner/me\\x1b[2K",
+                 "/api/v1/partner/me\\x9b2K\\x7f\\x00", "/api/v1/partner/me\\u202etxt.exe"]
 # Any raw control character but the newline that ends each line.
 RAW_CONTROL = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u2028\u2029]")
+# In a decoded JSON field (a traceback keeps its newlines), and the bidi controls too.
+RAW_IN_A_FIELD = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 
 
 @pytest.fixture(params=["text", "json"])
@@ -44,6 +50,10 @@ def logged(server) -> tuple[str, str]:
     out, err = server.output()
     assert not RAW_CONTROL.search(out + err), [line for line in (out + err).splitlines()
                                                if RAW_CONTROL.search(line)]
+    if server.log_format == "json":
+        fields = [(name, value) for line in (out + err).splitlines() for name, value in json.loads(line).items()]
+        assert [(name, value) for name, value in fields if isinstance(value, str) and name != "exc_info"
+                and RAW_IN_A_FIELD.search(value)] == []
     return out, err
 
 
@@ -55,12 +65,9 @@ def test_a_path_with_control_characters_leaves_one_access_line_and_no_raw_contro
     assert len(hostile) == len(HOSTILE_PATHS), out
     assert not any(line.startswith(FORGED) for line in (out + err).splitlines())
     if server.log_format == "json":
-        assert [json.loads(line)["path"] for line in hostile] == list(HOSTILE_PATHS)
+        assert [json.loads(line)["path"] for line in hostile] == ESCAPED_PATHS
     else:
-        assert [line.split('"')[1] for line in hostile] == [
-            "GET /api/v1/partner/me\\r\\n" + FORGED + " HTTP/1.1",
-            "GET /api/v1/partner/me\\x1b[2K HTTP/1.1",
-            "GET /api/v1/partner/me\\x9b2K\\x7f\\x00 HTTP/1.1"]
+        assert [line.split('"')[1] for line in hostile] == [f"GET {path} HTTP/1.1" for path in ESCAPED_PATHS]
 
 
 @pytest.mark.parametrize("request_line, headers", [
@@ -89,3 +96,18 @@ def test_a_traceback_keeps_its_lines_but_shows_no_raw_control_character():
     text = formatter.format(record)
     assert text.startswith("unhandled x\\x1b\nTraceback")
     assert text.endswith("ValueError: bad path /me\\x1b[2K\\r")
+
+
+def test_every_field_of_a_json_line_is_escaped_once_decoded_and_a_traceback_keeps_its_lines():
+    spec = dict(logging_config("json", "INFO")["formatters"]["service"])
+    formatter = spec.pop("()")(**spec)
+    try:
+        raise ValueError("bad path /me\x1b[2K\r")
+    except ValueError:
+        record = logging.LogRecord("app", logging.ERROR, __file__, 1, "unhandled %s", ("x\x9b\u202e",),
+                                   sys.exc_info())
+    record.subscription_id = "wh_\x85\u2066"  # a field of its own, as a delivery line has
+    line = json.loads(formatter.format(record))
+    assert (line["message"], line["subscription_id"]) == ("unhandled x\\x9b\\u202e", "wh_\\x85\\u2066")
+    assert line["exc_info"].startswith("Traceback") and "\n" in line["exc_info"]
+    assert line["exc_info"].endswith("ValueError: bad path /me\\x1b[2K\\r")

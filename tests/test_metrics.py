@@ -74,6 +74,19 @@ def test_a_request_is_counted_under_its_url_rule_not_its_path(client, auth):
     assert value(after, "partner_http_request_duration_seconds_count", route=route) >= 1
 
 
+@pytest.mark.parametrize("method, path, route", [
+    ("PUT", WEBHOOKS, "/api/v1/partner/webhooks"),
+    ("GET", f"{WEBHOOKS}/wh_x/test", "/api/v1/partner/webhooks/<subscription_id>/test"),
+    ("POST", "/healthz", "/healthz"),
+])
+def test_a_405_is_counted_under_the_route_its_path_names(client, auth, method, path, route):
+    before = value(scrape(client), "partner_http_requests_total", method=method, route=route, status="405")
+    assert client.open(path, method=method, headers=auth).status_code == 405
+    after = scrape(client)
+    assert value(after, "partner_http_requests_total", method=method, route=route, status="405") == before + 1
+    assert value(after, "partner_http_requests_total", method=method, route="unmatched", status="405") == 0
+
+
 def test_unmatched_paths_and_odd_methods_share_fixed_labels(client):
     before = value(scrape(client), "partner_http_requests_total", method="other", route="unmatched",
                    status="404")

@@ -17,9 +17,10 @@ import pytest
 from peewee import OperationalError
 from playhouse.db_url import connect
 
-from app import create_app
-from models import open_database
-from partner import migrations, sealing
+from tests.support import started_app
+from tests.support import open_database
+from partner import sealing
+from partner.store import migrations
 from partner.errors import StartRefused
 from tests import test_models, test_postgres
 from tests.fixtures.release_rows import RELEASES, ROWS, SECRETS, schema_sql
@@ -139,7 +140,7 @@ def test_a_database_newer_than_the_code_is_refused_and_left_untouched(database_u
                            f"VALUES ('{LATEST + 1:04d}_from_the_future', '2030-01-01')")
     before = history(database_url)
     with pytest.raises(StartRefused, match=f"version {LATEST + 1}, newer than this code's {LATEST}"):
-        create_app({"DATABASE_URL": database_url, "SCHEDULER_ENABLED": False})
+        started_app({"DATABASE_URL": database_url, "SCHEDULER_ENABLED": False})
     assert history(database_url) == before
     refusals = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
     assert len(refusals) == 1 and f"version {LATEST + 1}" in refusals[0]
@@ -154,6 +155,8 @@ def test_an_operator_command_on_a_database_that_cannot_be_opened_says_why_in_one
     assert (operator.returncode, operator.stdout) == (1, "")
     [line] = operator.stderr.strip().splitlines()
     assert line.startswith(f"database {url} cannot be opened (OperationalError: connection to server at "), line
+    assert line.endswith("the service cannot start until it can (PostgreSQL: check that the server is up, "
+                         "reachable from this host, and takes the URL's user and password)"), line
 
 
 def schema_cookie(path: str) -> int:
@@ -166,7 +169,7 @@ def test_a_start_on_an_up_to_date_database_runs_no_ddl(tmp_path):
     path = str(tmp_path / "partner.sqlite3")
     open_database(f"sqlite:///{path}")
     cookie = schema_cookie(path)
-    create_app({"DATABASE_URL": f"sqlite:///{path}", "SCHEDULER_ENABLED": False})
+    started_app({"DATABASE_URL": f"sqlite:///{path}", "SCHEDULER_ENABLED": False})
     assert schema_cookie(path) == cookie
 
 
@@ -310,7 +313,7 @@ def pg_dump(database_url: str) -> bytes:
 # before running it, so this is right after the migrations' COMMIT.
 KILLED_AT_THE_SCRUB = """
 import logging, os, signal, sys
-from app import create_app
+from tests.support import started_app
 
 class KillAtTheScrub(logging.Handler):
     def emit(self, record):
@@ -319,7 +322,7 @@ class KillAtTheScrub(logging.Handler):
 
 logging.getLogger("peewee").setLevel(logging.DEBUG)
 logging.getLogger("peewee").addHandler(KillAtTheScrub())
-create_app({"DATABASE_URL": sys.argv[1], "SCHEDULER_ENABLED": False})
+started_app({"DATABASE_URL": sys.argv[1], "SCHEDULER_ENABLED": False})
 """
 
 

@@ -6,7 +6,8 @@ import pytest
 from peewee import SqliteDatabase
 
 import models
-from partner import migrations
+from partner.store import connection
+from partner.store import migrations
 
 
 def describe(path) -> dict:
@@ -73,40 +74,40 @@ def test_schema_applied_twice_describes_the_same_database(tmp_path, from_schema)
 @pytest.mark.parametrize("version, shown", [((3, 34, 1), "3.34.1"), ((3, 31, 1), "3.31.1"), ((2, 8, 17), "2.8.17")])
 def test_a_sqlite_older_than_3_35_is_refused_in_one_line(version, shown):
     with pytest.raises(RuntimeError) as refusal:
-        models.require_version("SQLite", version, models.SQLITE_FLOOR)
+        connection.require_version("SQLite", version, connection.SQLITE_FLOOR)
     assert str(refusal.value) == (f"SQLite {shown} found; the service needs SQLite 3.35.0 or newer "
                                   "(UPDATE … RETURNING, MATERIALIZED)")
 
 
 @pytest.mark.parametrize("version", [(3, 35, 0), (3, 40, 1), (4, 0, 0)])
 def test_sqlite_3_35_or_newer_is_accepted(version):
-    models.require_version("SQLite", version, models.SQLITE_FLOOR)
+    connection.require_version("SQLite", version, connection.SQLITE_FLOOR)
 
 
 @pytest.mark.parametrize("number, shown", [(110022, "11.22"), (90605, "9.6.5")])
 def test_a_postgresql_older_than_12_is_refused_in_one_line(number, shown):
     with pytest.raises(RuntimeError) as refusal:
-        models.require_version("PostgreSQL", models.postgresql_version(number), models.POSTGRESQL_FLOOR)
+        connection.require_version("PostgreSQL", connection.postgresql_version(number), connection.POSTGRESQL_FLOOR)
     assert str(refusal.value) == (f"PostgreSQL {shown} found; the service needs PostgreSQL 12 or newer "
                                   "(UPDATE … RETURNING, MATERIALIZED)")
 
 
 @pytest.mark.parametrize("number", [120000, 150004, 170002])
 def test_postgresql_12_or_newer_is_accepted(number):
-    models.require_version("PostgreSQL", models.postgresql_version(number), models.POSTGRESQL_FLOOR)
+    connection.require_version("PostgreSQL", connection.postgresql_version(number), connection.POSTGRESQL_FLOOR)
 
 
 def test_opening_a_sqlite_database_checks_the_version_before_anything_else(tmp_path):
     path = tmp_path / "instance" / "partner.sqlite3"
     with pytest.raises(RuntimeError, match="SQLite 3.34.1 found"):
-        models.open_database(f"sqlite:///{path}", sqlite_version=(3, 34, 1))
+        connection.require_supported(connection.bind(f"sqlite:///{path}"), sqlite_version=(3, 34, 1))
     assert not path.parent.exists()  # nothing created, nothing opened
 
 
 def test_an_acknowledged_sqlite_commit_is_durable_and_the_engines_bookkeeping_is_not_fsynced(app):
     """synchronous=FULL (2) for a write that is acknowledged (the default): its commit is fsynced;
     NORMAL (1) for the delivery engine's own, and for everything once the durable one is done."""
-    from partner.database import write_transaction
+    from partner.store.sql import write_transaction
 
     def synchronous() -> int:
         return models.db.execute_sql("PRAGMA synchronous").fetchone()[0]

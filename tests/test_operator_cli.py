@@ -1,8 +1,12 @@
 """`flask webhooks list|enable` and `flask deliveries list|replay` (docs/operations.md), through the real
 app and CLI, with real receivers on 127.0.0.1 and the queue stepped with run_due()."""
 
+import re
+from pathlib import Path
+
 import pytest
 
+from partner.timestamps import iso
 from tests.support import WEBHOOKS, json_of
 
 
@@ -88,7 +92,7 @@ def test_replay_is_refused_while_the_subscription_is_disabled(flask_cli, disable
     result = flask_cli("deliveries", "replay", "--subscription", disabled["id"])
     assert result.exit_code == 1 and "disabled" in result.output and disabled["id"] in result.output
     assert run_due() == 0 and len(recovering_receiver.received) == 2
-    states = [row[2] for row in rows(flask_cli("deliveries", "list", "--subscription", disabled["id"]))[1:]]
+    states = [row[4] for row in rows(flask_cli("deliveries", "list", "--subscription", disabled["id"]))[1:]]
     assert states == ["dead", "dead"]
 
 
@@ -106,7 +110,7 @@ def test_enable_then_replay_delivers_each_dead_letter_once_more_same_id_and_byte
         {r.headers["X-VC-Event-Id"]: r.body for r in first}
     assert {r.headers["X-VC-Attempt"] for r in replayed} == {"1"}  # a fresh set of attempts
     listed = rows(flask_cli("deliveries", "list", "--subscription", disabled["id"]))[1:]
-    assert [row[2:4] for row in listed] == [["delivered", "1"], ["delivered", "1"]]
+    assert [row[4:6] for row in listed] == [["delivered", "1"], ["delivered", "1"]]
 
 
 def test_replay_of_one_event_or_since_a_time(flask_cli, disabled, run_due, recovering_receiver, clock):
@@ -131,14 +135,15 @@ def test_replay_refuses_a_time_that_is_not_rfc3339_with_an_offset(flask_cli, dis
 def test_deliveries_list_filters_by_state_and_limits(flask_cli, disabled, subscribe, ping):
     header, *listed = rows(flask_cli("deliveries", "list", "--subscription", disabled["id"],
                                      "--state", "dead", "--limit", "1"))
-    assert header == ["EVENT_ID", "KIND", "STATE", "ATTEMPTS", "CREATED_AT", "DUE_OR_FINISHED_AT"]
-    assert len(listed) == 1 and listed[0][1:4] == ["vc.test.ping", "dead", "1"]
-    assert listed[0][5].endswith("Z")  # when its last attempt ended
+    assert header == ["EVENT_ID", "SUBSCRIPTION", "ORG", "KIND", "STATE", "ATTEMPTS", "CREATED_AT",
+                      "DUE_OR_FINISHED_AT"]
+    assert len(listed) == 1 and listed[0][1:6] == [disabled["id"], "acme", "vc.test.ping", "dead", "1"]
+    assert listed[0][7].endswith("Z")  # when its last attempt ended
     assert rows(flask_cli("deliveries", "list", "--subscription", disabled["id"], "--state", "pending"))[1:] == []
     queued = subscribe("https://hooks.partner.example/in")
     event = queued_event(ping, queued)
     pending = rows(flask_cli("deliveries", "list", "--subscription", queued["id"]))[1:]
-    assert [row[:4] for row in pending] == [[event, "vc.test.ping", "pending", "0"]]
+    assert [row[:6] for row in pending] == [[event, queued["id"], "acme", "vc.test.ping", "pending", "0"]]
 
 
 @pytest.mark.parametrize("command", [("deliveries", "list"), ("deliveries", "replay")])
@@ -156,3 +161,102 @@ def queued_event(ping, subscription: dict) -> str:
 def test_deliveries_list_refuses_a_limit_out_of_bounds_cleanly(flask_cli, limit):
     result = flask_cli("deliveries", "list", "--subscription", "wh_x", "--limit", limit)
     assert result.exit_code == 2 and "--limit" in result.output, result.output
+
+
+# --- deliveries show: one event's story; deliveries list across subscriptions ----------------------
+
+RETRYING = {"WEBHOOK_ALLOWED_NETWORKS": ["127.0.0.0/8"], "DELIVERY_RETRY_DELAYS": [60],
+            "AUTO_DISABLE_THRESHOLD": 5}
+
+
+def shown(result) -> tuple[dict, list[list[str]]]:
+    """`deliveries show`'s fields by name, and its attempts table (header first)."""
+    assert result.exit_code == 0, result.output
+    head, table = result.stdout.split("\n\n")
+    fields = {name: value.strip() for name, value in (line.split(":", 1) for line in head.splitlines())}
+    return fields, [line.split("\t") for line in table.splitlines()]
+
+
+@pytest.mark.config(**RETRYING)
+def test_show_tells_a_failure_then_a_success_in_order(flask_cli, start_receiver, subscribe, ping, run_due, clock,
+                                                      client, auth):
+    def broken(handler):
+        body = b"down\tfor\nmaintenance\\"
+        handler.send_response(503)
+        handler.send_header("Content-Length", str(len(body)))
+        handler.end_headers()
+        handler.wfile.write(body)
+    subscription = subscribe(start_receiver(script=[broken, 200]).url)
+    event = queued_event(ping, subscription)
+    assert run_due() == 1
+    [failure] = client.get(f"{WEBHOOKS}/{subscription['id']}/failures", headers=auth).get_json()["data"]
+    fields, table = shown(flask_cli("deliveries", "show", event))
+    assert (fields["state"], fields["next"]) == ("pending", f"attempt 2 of at most 2 due at {failure['next_attempt_at']}")
+    clock.advance(70)
+    assert run_due() == 1
+    fields, table = shown(flask_cli("deliveries", "show", event, "--subscription", subscription["id"]))
+    assert (fields["state"], fields["ended"]) == ("delivered", "delivered on attempt 2")
+    assert table == [
+        ["ATTEMPT", "ATTEMPTED_AT", "OUTCOME", "HTTP_STATUS", "ERROR", "ERROR_DETAIL", "DURATION_MS", "EXCERPT"],
+        ["1", failure["attempted_at"], "failed", "503", "http_status", "-", str(failure["duration_ms"]),
+         "down\\tfor\\nmaintenance\\\\"],
+        ["2", "not recorded", "delivered", "-", "-", "-", "-", "-"],
+    ]
+
+
+@pytest.mark.config(WEBHOOK_ALLOWED_NETWORKS=["127.0.0.0/8"], DELIVERY_RETRY_DELAYS=[60], AUTO_DISABLE_THRESHOLD=1)
+def test_show_says_a_delivery_ended_by_an_auto_disable(flask_cli, start_receiver, subscribe, ping, run_due):
+    subscription = subscribe(start_receiver(script=[500]).url)
+    failing, swept = queued_event(ping, subscription), queued_event(ping, subscription)
+    assert run_due() == 1
+    for event, attempts in ((failing, 1), (swept, 0)):
+        fields, table = shown(flask_cli("deliveries", "show", event))
+        assert fields["subscription"].startswith(f"{subscription['id']} (disabled: auto-disabled at ")
+        assert fields["ended"].startswith("auto-disabled: the subscription was auto-disabled at ")
+        assert fields["ended"].endswith(f"after 1 failures in a row, and this delivery was dead-lettered after "
+                                        f"{attempts} of at most 2 attempts")
+        assert len(table) == 1 + attempts
+
+
+@pytest.mark.parametrize("args", [("evt_nosuchevent",), ("evt_no\x00such",)])
+def test_show_of_an_unknown_event_exits_1_naming_it(flask_cli, args):
+    result = flask_cli("deliveries", "show", *args)
+    assert result.exit_code == 1 and repr(args[0]) in result.output
+
+
+def test_show_of_an_event_of_another_subscription_exits_1(flask_cli, disabled, subscribe):
+    other = subscribe("https://hooks.partner.example/in")
+    result = flask_cli("deliveries", "show", disabled["events"][0], "--subscription", other["id"])
+    assert result.exit_code == 1 and other["id"] in result.output
+
+
+def test_list_without_a_subscription_covers_them_all_and_filters(flask_cli, disabled, subscribe, ping, clock,
+                                                                client, auth, issue_key):
+    clock.advance(60)
+    queued = subscribe("https://hooks.partner.example/in")
+    later = queued_event(ping, queued)
+    gone = subscribe("https://hooks.partner.example/gone")
+    queued_event(ping, gone)
+    client.delete(f"{WEBHOOKS}/{gone['id']}", headers=auth)  # its history waits for the purge, unlisted
+    listed = [row[0] for row in rows(flask_cli("deliveries", "list"))[1:]]
+    assert listed[0] == later and sorted(listed[1:]) == sorted(disabled["events"])
+    since = rows(flask_cli("deliveries", "list", "--since", iso(int(clock() * 1000))))[1:]
+    assert [row[0] for row in since] == [later]
+    assert [row[0] for row in rows(flask_cli("deliveries", "list", "--limit", "1"))[1:]] == [later]
+    issue_key(org="quiet")
+    assert rows(flask_cli("deliveries", "list", "--org", "quiet"))[1:] == []
+
+
+def test_list_of_an_unknown_organization_exits_1_naming_it(flask_cli):
+    result = flask_cli("deliveries", "list", "--org", "nosuchorg")
+    assert result.exit_code == 1 and "nosuchorg" in result.output
+
+
+def test_the_alert_rules_hints_run_as_written(flask_cli, disabled):
+    rules = (Path(__file__).parent.parent / "deploy" / "prometheus" / "alerts.yml").read_text()
+    hints = re.findall(r"`flask ([^`]+)`", rules)
+    assert "deliveries list --state dead" in hints
+    for hint in hints:
+        result = flask_cli(*hint.replace("EVT_ID", disabled["events"][0]).split())
+        assert result.exit_code == 0, (hint, result.output)
+        assert len(result.stdout.splitlines()) > 1, hint  # each finds what its alert is about

@@ -5,13 +5,16 @@ import os
 import random
 import re
 import sqlite3
+import threading
 import time
 
 import pytest
 from playhouse.db_url import connect
 
+from partner.store.backlog import DatabaseUnavailable
+from partner.edge.health import Recent
 from partner.errors import StartRefused
-from tests.support import PUBLIC_URL, WEBHOOKS, assert_problem, assert_unavailable
+from tests.support import PUBLIC_URL, WEBHOOKS, assert_problem, assert_unavailable, eventually
 
 HEX_ID = r"[0-9a-f]{32}"
 # SQLite's busy timeout here (brief_busy_timeout): a write tried while the file is locked waits it
@@ -36,6 +39,18 @@ def test_readyz_reports_the_database_the_scheduler_and_the_due_backlog(client, a
     assert response.status_code == 200
     assert response.get_json() == {"status": "ready", "database": "ok", "scheduler": "disabled",
                                    "deliveries_due": 2, "oldest_due_seconds": 90.0}
+
+
+def test_a_deleted_subscriptions_deliveries_are_no_backlog(client, auth, clock):
+    """Nothing will send them (the purge removes them later): neither /readyz nor the gauges count them."""
+    kept, deleted = (client.post(WEBHOOKS, json={"url": f"https://hooks.partner.example/{n}"}, headers=auth)
+                     .get_json() for n in range(2))
+    for subscription in (kept, deleted, deleted):
+        client.post(f"{WEBHOOKS}/{subscription['id']}/test", json={"secret": subscription["secret"]}, headers=auth)
+    assert client.delete(f"{WEBHOOKS}/{deleted['id']}", headers=auth).status_code == 204
+    clock.advance(90)
+    assert client.get("/readyz").get_json()["deliveries_due"] == 1
+    assert "partner_deliveries_due 1.0" in client.get("/metrics").text
 
 
 def test_readyz_with_nothing_due(client):
@@ -75,6 +90,50 @@ def test_readyz_is_503_once_a_write_found_the_sqlite_file_locked_past_the_bound(
         locker.close()
     assert client.post(WEBHOOKS, json={"url": PUBLIC_URL}, headers=auth).status_code == 201
     assert client.get("/readyz").status_code == 200
+
+
+def test_with_no_scheduler_readiness_comes_back_by_itself_once_a_held_lock_is_let_go(client, auth, database_url):
+    """An operator's sqlite3 shell holds the write lock. While it does, /readyz says not ready; once
+    it lets go, /readyz finds out by itself (its probe takes the write lock and lets it go, writing
+    nothing): no partner write, no scheduler in between."""
+    shell = sqlite3.connect(database_url.removeprefix("sqlite:///"), isolation_level=None)
+    shell.execute("BEGIN IMMEDIATE")
+    try:
+        assert_unavailable(client.post(WEBHOOKS, json={"url": PUBLIC_URL}, headers=auth))
+        for _ in range(3):
+            assert_problem(client.get("/readyz"), 503, "not_ready")
+    finally:
+        shell.execute("ROLLBACK")
+        shell.close()
+    before = commits(database_url, "sqlite")
+    assert eventually(lambda: client.get("/readyz").status_code == 200, seconds=20)
+    assert commits(database_url, "sqlite") == before  # the probe wrote nothing
+    assert client.post(WEBHOOKS, json={"url": PUBLIC_URL}, headers=auth).status_code == 201
+
+
+def test_a_crowd_asking_during_an_outage_costs_one_read_and_each_gets_its_failure():
+    """/readyz and /metrics read the backlog through Recent: a failure is kept as long as a value,
+    and computed by one thread while the others wait for it, not each in turn."""
+    recent, reads, release = Recent(60), [], threading.Event()
+
+    def failing_read():
+        reads.append(1)
+        release.wait(5)
+        raise DatabaseUnavailable("the database could not be read within 2 s")
+
+    def ask():
+        with pytest.raises(DatabaseUnavailable):
+            recent.get(failing_read)
+
+    crowd = [threading.Thread(target=ask) for _ in range(8)]
+    for thread in crowd:
+        thread.start()
+    assert eventually(lambda: reads)
+    release.set()
+    for thread in crowd:
+        thread.join()
+    ask()
+    assert len(reads) == 1
 
 
 @pytest.mark.both_databases
@@ -118,9 +177,9 @@ def watcher(database_url: str) -> sqlite3.Connection:
 
 
 def test_readyz_is_503_when_postgresql_is_down(own_postgres_server, clock, resolver):
-    from app import create_app
+    from tests.support import started_app
     url = own_postgres_server.url(own_postgres_server.create_schema())
-    app = create_app({"DATABASE_URL": url, "CLOCK": clock, "RESOLVER": resolver,
+    app = started_app({"DATABASE_URL": url, "CLOCK": clock, "RESOLVER": resolver,
                       "SCHEDULER_ENABLED": False})
     client = app.test_client()
     assert client.get("/readyz").get_json()["database"] == "ok"
@@ -145,8 +204,13 @@ def test_a_sane_request_id_is_echoed(client, path):
     assert response.headers["X-Request-Id"] == "req-42.Abc_9"
 
 
-@pytest.mark.parametrize("sent", [None, "", "a" * 129, "two words", "semi;colon", "ünïcode",
-                                  "line\u2028break", "<script>"])
+@pytest.mark.parametrize("sent", ["a" * 64, "0f8fad5b-d9cb-469f-a165-70867728950e", "9" * 32])
+def test_a_short_plain_request_id_is_kept(client, sent):
+    assert client.get("/healthz", headers={"X-Request-Id": sent}).headers["X-Request-Id"] == sent
+
+
+@pytest.mark.parametrize("sent", [None, "", "a" * 65, "a" * 129, "-", ".", "--", "-rf", "two words",
+                                  "semi;colon", "ünïcode", "line\u2028break", "<script>", "evil\x1b[2K"])
 def test_a_missing_or_insane_request_id_is_replaced_by_a_generated_one(client, sent):
     headers = {} if sent is None else {"X-Request-Id": sent}
     first = client.get("/healthz", headers=headers).headers["X-Request-Id"]
@@ -173,14 +237,14 @@ def test_error_responses_carry_the_request_id_too(client, auth):
 @pytest.mark.parametrize("name, bad", [("LOG_FORMAT", "xml"), ("RETENTION_DAYS", 0), ("OPS_PORT", 0), ("OPS_PORT", "9100"),
                                        ("RETENTION_DAYS", "30")])
 def test_a_bad_operations_setting_stops_start_up_naming_it(config, name, bad):
-    from app import create_app
+    from tests.support import started_app
     with pytest.raises(StartRefused, match=f"PARTNER_{name}"):
-        create_app({**config, name: bad})
+        started_app({**config, name: bad})
 
 
 def test_with_an_ops_port_a_server_without_gunicorn_sorts_requests_by_its_own_port(config):
-    from app import create_app
-    client = create_app({**config, "OPS_PORT": 9100}).test_client()
+    from tests.support import started_app
+    client = started_app({**config, "OPS_PORT": 9100}).test_client()
     assert client.get("/healthz", base_url="http://localhost:9100").status_code == 200
     assert_problem(client.get("/healthz"), 404, "not_found")
     assert_problem(client.get(WEBHOOKS, base_url="http://localhost:9100"), 404, "not_found")

@@ -9,13 +9,15 @@ import pytest
 from peewee import PostgresqlDatabase
 
 import models
-from partner import encryption, migrations, sealing
+from partner import resealing, sealing
+from partner.store import migrations
 from tests import support
 from partner.errors import ValidationError
 from partner.keys import create_key, revoke_key, rotate_key
-from models import ApiKey, Delivery, Event, Failure, Organization, Setting, Subscription, db, open_database
-from partner.database import is_sqlite
-from partner.database import write_transaction
+from models import ApiKey, Delivery, Event, Failure, Organization, Setting, Subscription, db
+from tests.support import open_database
+from partner.store.sql import is_sqlite
+from partner.store.sql import write_transaction
 from partner.outbound.transport import AttemptResult
 from partner.events import enqueue_test_ping
 from partner.outbox import Outcome, _held, claim_due, write_outcomes
@@ -60,6 +62,22 @@ def run_together(count: int, work) -> list[Exception]:
 def test_open_database_gives_a_postgresql_database(database):
     assert isinstance(database, PostgresqlDatabase)
     assert not is_sqlite()
+
+
+def test_every_connection_of_the_service_is_bounded(database):
+    """The server's bounds in every session, the kernel's on every socket (docs/operations.md)."""
+    assert [db.execute_sql(f"SHOW {name}").fetchone()[0] for name in
+            ("statement_timeout", "lock_timeout", "idle_in_transaction_session_timeout")] == ["5s", "2s", "30s"]
+    libpq = db.connection().get_dsn_parameters()
+    assert {name: libpq[name] for name in ("connect_timeout", "keepalives", "keepalives_idle", "tcp_user_timeout")} \
+        == {"connect_timeout": "3", "keepalives": "1", "keepalives_idle": "30", "tcp_user_timeout": "10000"}
+
+
+def test_a_libpq_setting_in_the_url_replaces_the_services_own(database_url):
+    open_database(f"{database_url}&connect_timeout=10&keepalives_idle=60")
+    with db.connection_context():
+        libpq = db.connection().get_dsn_parameters()
+    assert (libpq["connect_timeout"], libpq["keepalives_idle"]) == ("10", "60")
 
 
 def test_schema_applies_twice(database_url):
@@ -119,7 +137,7 @@ def test_every_table_round_trips(database):
                     due_at=BIG_MS, lease_token=None, seq=BIG_MS, unrecorded=1)
     Failure.create(id="fail_1", subscription=subscription, event=event, attempt=2, http_status=None,
                    error="timeout", response_excerpt="", duration_ms=10_000, attempted_at=BIG_MS,
-                   next_attempt_at=None)
+                   next_attempt_at=None, error_detail="deadline of 10 s reached while connecting — é")
     Setting.create(name="cursor_signing_key", value="ab" * 32)
     assert Subscription.get().secret == "whsec_x"  # stored sealed, opened again
     sealed = ("secret_key_id", "secret_sealed")
@@ -138,7 +156,8 @@ def test_every_table_round_trips(database):
                     "due_at": BIG_MS, "lease_token": None, "seq": BIG_MS, "unrecorded": 1}],
         Failure: [{"id": "fail_1", "subscription": "wh_1", "event": "evt_1", "attempt": 2,
                    "http_status": None, "error": "timeout", "response_excerpt": "", "duration_ms": 10_000,
-                   "attempted_at": BIG_MS, "next_attempt_at": None}],
+                   "attempted_at": BIG_MS, "next_attempt_at": None,
+                   "error_detail": "deadline of 10 s reached while connecting — é"}],
         Setting: [{"name": "cursor_signing_key", "value": "ab" * 32}],
     }
     stored = Event.get_by_id("evt_1")
@@ -308,7 +327,7 @@ def test_a_key_rotation_never_waits_in_a_cycle_with_a_batch_of_outcomes(database
     errors = race_behind(
         postgres_url, held_delivery(claims[low.id].event_id),
         (connected(lambda: recorded.extend(write_outcomes(batch, RetryPolicy([60], 20)))), sessions_waiting(1)),
-        (connected(encryption.rotate), lambda watcher: sessions_waiting(2)(watcher) or low_resealed(watcher)))
+        (connected(resealing.rotate), lambda watcher: sessions_waiting(2)(watcher) or low_resealed(watcher)))
     assert errors == []
     assert [outcome.recorded for outcome in recorded] == [True, True] and Failure.select().count() == 2
     assert {subscription.secret_key_id for subscription in Subscription.select()} == {new_key_id}
@@ -402,7 +421,7 @@ def test_a_key_rotation_waits_for_a_held_row_and_says_so(database, postgres_url,
                    for record in caplog.records)
     rotated = []
     errors = race_behind(postgres_url, [("SELECT 1 FROM subscription WHERE id = %s FOR UPDATE", (held.id,))],
-                         (connected(lambda: rotated.append(encryption.rotate())), waiting_for_it))
+                         (connected(lambda: rotated.append(resealing.rotate())), waiting_for_it))
     assert errors == []
     assert rotated[0].resealed == 2
     assert {s.secret_key_id for s in Subscription.select()} == {rotated[0].key_id}

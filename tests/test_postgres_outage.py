@@ -85,7 +85,7 @@ def test_through_an_outage_the_scanner_backs_off_logs_once_and_every_acknowledge
     finally:
         dispatcher.stop()
         receiver.stop()
-    scans = [r for r in caplog.records if r.name in ("partner.availability", "apscheduler.executors.default")
+    scans = [r for r in caplog.records if r.name in ("partner.store.availability", "apscheduler.executors.default")
              and r.levelno >= logging.ERROR]
     assert 1 <= len(scans) <= 3, [r.getMessage() for r in scans]  # once per distinct failure, not per poll
 

@@ -67,25 +67,25 @@ def test_failed_authentications_are_limited_per_client_address(app, client):
 
 
 def test_an_unreachable_storage_fails_open(config, issue_key):
-    from app import create_app
+    from tests.support import started_app
     config["RATELIMIT_STORAGE_URI"] = "redis://127.0.0.1:1/0"  # nothing listens on port 1
-    client = create_app(config).test_client()
+    client = started_app(config).test_client()
     key = issue_key()  # the key lives in the same database file
     response = get_me(client, key)
     assert response.status_code == 200
     assert response.get_json()["rate_limit_remaining"] == 600
 
 
-def test_lowering_an_organizations_limit_mid_window_never_reports_a_negative_remainder(client, issue_key):
-    key = issue_key(org="shrinking", rate_limit=10)
-    assert [get_me(client, key).status_code for _ in range(5)] == [200] * 5
-    issue_key(org="shrinking", rate_limit=2)  # the operator lowers the organization's limit
+def test_a_limit_the_operator_lowers_counts_what_the_window_already_holds(client, issue_key, app):
+    key = issue_key(org="acme")
+    for _ in range(5):
+        assert get_me(client, key).status_code == 200
+    assert app.test_cli_runner().invoke(args=["orgs", "set-limit", "acme", "3"]).exit_code == 0
     response = get_me(client, key)
-    # In memory the 5 requests already made count against the new limit: 429, none remaining.
-    # Redis keys a window by its limit too, so there the lowered limit starts a window of its own.
-    remaining = int(response.headers["X-RateLimit-Remaining"])
-    assert (response.status_code, remaining) in ((429, 0), (200, 1))
-    assert response.headers["RateLimit"].startswith(f'"org";r={remaining};')
+    # On both storages: a window is the organization's, whatever its limit (none remains, never fewer).
+    assert (response.status_code, response.headers["X-RateLimit-Limit"], response.headers["X-RateLimit-Remaining"]) \
+        == (429, "3", "0")
+    assert response.headers["RateLimit"].startswith('"org";r=0;')
 
 
 def test_a_local_window_passes_exactly_the_limit_in_any_60_seconds(clock):
@@ -104,6 +104,43 @@ def test_a_local_window_passes_exactly_the_limit_in_any_60_seconds(clock):
     assert (window.allowed, window.remaining, window.reset_at) == (True, 0, clock() - 50 + 60)
 
 
+def test_a_local_window_after_a_lowered_limit_resets_when_a_request_would_pass(clock):
+    from partner.edge.ratelimit import LocalWindows
+    clock.now = 1_000_000
+    windows = LocalWindows(clock)
+    for _ in range(5):
+        windows.hit("org", "a", 10)
+        clock.advance(1)
+    window = windows.hit("org", "a", 2)  # the operator lowered the limit: 5 counted, 1 may stay
+    assert (window.allowed, window.remaining, window.reset_at) == (False, 0, 1_000_003 + 60)
+    clock.now = window.reset_at - 0.001
+    assert not windows.hit("org", "a", 2).allowed
+    clock.now = window.reset_at
+    assert windows.hit("org", "a", 2).allowed
+
+
+@pytest.mark.parametrize("config", ["memory"], indirect=True)
+def test_a_spent_budget_returns_when_the_service_clock_passes_its_window(client, issue_key, clock):
+    key = issue_key(org="stepped", rate_limit=2)
+    assert [get_me(client, key).status_code for _ in range(2)] == [200, 200]
+    refused = get_me(client, key)
+    assert (refused.status_code, refused.headers["Retry-After"]) == (429, "60")
+    clock.advance(59)
+    assert get_me(client, key).headers["Retry-After"] == "1"
+    clock.advance(1)
+    response = get_me(client, key)
+    assert response.status_code == 200
+    assert response.get_json()["rate_limit_remaining"] == 1  # the two first left the window together
+
+
+@pytest.mark.parametrize("config", ["memory"], indirect=True)
+def test_a_failed_authentication_budget_returns_when_the_service_clock_passes_its_window(app, client, clock):
+    app.extensions["rate_limits"].auth_failures_per_minute = 1
+    assert [client.get(ME).status_code for _ in range(2)] == [401, 429]
+    clock.advance(60)
+    assert client.get(ME).status_code == 401
+
+
 def test_a_local_window_forgets_idle_budgets(clock):
     from partner.edge.ratelimit import LocalWindows
     windows = LocalWindows(clock)
@@ -117,9 +154,11 @@ def test_a_local_window_forgets_idle_budgets(clock):
     assert list(windows._hits) == [("org", "busy")]
 
 
-def failed_logins(client, forwarded_for: str, times: int) -> list[int]:
-    """Statuses of `times` unauthenticated requests, as a proxy would forward them."""
-    return [client.get(ME, headers={"X-Forwarded-For": forwarded_for}).status_code for _ in range(times)]
+def failed_logins(client, forwarded_for: str, times: int, environ: dict | None = None) -> list[int]:
+    """Statuses of `times` unauthenticated requests, as a proxy (at 127.0.0.1, unless `environ`
+    names another REMOTE_ADDR) would forward them."""
+    return [client.get(ME, headers={"X-Forwarded-For": forwarded_for}, environ_base=environ or {}).status_code
+            for _ in range(times)]
 
 
 @pytest.mark.config(TRUSTED_PROXIES=1)
@@ -135,3 +174,31 @@ def test_without_a_trusted_proxy_x_forwarded_for_cannot_buy_a_fresh_budget(app, 
     app.extensions["rate_limits"].auth_failures_per_minute = 3
     statuses = [failed_logins(client, f"203.0.113.{n}", 1)[0] for n in range(4)]
     assert statuses == [401, 401, 401, 429]
+
+
+@pytest.mark.config(TRUSTED_PROXIES=1)
+def test_a_client_outside_the_trusted_proxy_addresses_cannot_choose_its_address(app, client):
+    """A client reaching the service without the proxy writes X-Forwarded-For itself: it is
+    ignored, and every failure counts against the client's own address."""
+    app.extensions["rate_limits"].auth_failures_per_minute = 3
+    outsider = {"REMOTE_ADDR": "198.51.100.20"}
+    statuses = [client.get(ME, headers={"X-Forwarded-For": f"203.0.113.{n}"}, environ_base=outsider).status_code
+                for n in range(6)]
+    assert statuses == [401, 401, 401, 429, 429, 429]
+    assert client.get(ME, environ_base=outsider).status_code == 429  # without the header: the same budget
+
+
+@pytest.mark.config(TRUSTED_PROXIES=1, TRUSTED_PROXY_ADDRESSES=["10.0.0.5/32", "::1/128"])
+@pytest.mark.parametrize("proxy", ["10.0.0.5", "::ffff:10.0.0.5", "::1"])
+def test_a_proxy_in_the_trusted_addresses_is_believed(app, client, proxy):
+    app.extensions["rate_limits"].auth_failures_per_minute = 1
+    from_proxy = {"REMOTE_ADDR": proxy}
+    assert failed_logins(client, "203.0.113.1", 2, from_proxy) == [401, 429]
+    assert failed_logins(client, "203.0.113.2", 1, from_proxy) == [401]
+
+
+@pytest.mark.config(TRUSTED_PROXIES=1, TRUSTED_PROXY_ADDRESSES=["10.0.0.5/32"])
+def test_loopback_is_not_trusted_once_the_addresses_name_another_proxy(app, client):
+    app.extensions["rate_limits"].auth_failures_per_minute = 1
+    assert failed_logins(client, "203.0.113.1", 1) == [401]
+    assert failed_logins(client, "203.0.113.2", 1) == [429]  # both counted against 127.0.0.1

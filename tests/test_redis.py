@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from app import create_app
+from tests.support import started_app
 from partner.edge.ratelimit import PROBE_INTERVAL_SECONDS, storage_options
 from tests.servers import start_redis
 from tests.support import run_together
@@ -30,7 +30,7 @@ def config(config, redis_url):
 @pytest.fixture
 def other_client(app, config):
     """A second serving process: its own app, limiter and Redis connection, the same database."""
-    return create_app(config).test_client()
+    return started_app(config).test_client()
 
 
 def test_the_limiter_counts_in_redis(client, issue_key, redis_server):
@@ -69,7 +69,7 @@ def test_another_organization_is_unaffected_in_either_process(client, other_clie
 
 def test_concurrent_requests_in_two_processes_pass_exactly_the_limit(app, config, issue_key):
     key = issue_key(org="racing", rate_limit=25)
-    apps = [app, create_app(config)]
+    apps = [app, started_app(config)]
     statuses, lock = [], threading.Lock()
 
     def hammer(serving):
@@ -102,22 +102,21 @@ def own_redis(tmp_path):
 
 
 def test_a_frozen_redis_costs_no_request_more_than_a_second_and_limits_return(config, own_redis, issue_key,
-                                                                              caplog):
-    client = create_app({**config, "RATELIMIT_STORAGE_URI": own_redis.url()}).test_client()
+                                                                              caplog, clock):
+    client = started_app({**config, "RATELIMIT_STORAGE_URI": own_redis.url()}).test_client()
     key = issue_key(org="busy", rate_limit=2)
     assert [get_me(client, key).status_code for _ in range(3)] == [200, 200, 429]
 
     own_redis.process.send_signal(signal.SIGSTOP)  # accepts connections, answers nothing
-    frozen_until = time.monotonic() + 5
-    while time.monotonic() < frozen_until:
+    for _ in range(9):  # two probe intervals on the service clock: the first request and two probes wait
         started = time.monotonic()
         response = get_me(client, key)
         assert time.monotonic() - started < 1
         assert response.status_code == 200  # served without a limit
-        time.sleep(0.05)
+        clock.advance(PROBE_INTERVAL_SECONDS / 4)
     own_redis.process.send_signal(signal.SIGCONT)
 
-    time.sleep(PROBE_INTERVAL_SECONDS)  # the next request probes Redis again
+    clock.advance(PROBE_INTERVAL_SECONDS)  # the next request probes Redis again
     assert get_me(client, key).status_code == 429
     lines = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "partner.edge.ratelimit"]
     assert [level for level, _ in lines] == ["ERROR", "WARNING"], lines

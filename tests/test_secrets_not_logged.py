@@ -5,7 +5,7 @@ import logging
 
 import pytest
 
-from app import create_app
+from tests.support import started_app
 from partner.keys import parse_key
 from tests.support import ME, WEBHOOKS, bearer
 
@@ -45,7 +45,7 @@ def recovering_receiver(start_receiver):
 @pytest.fixture
 def app(config, debug_logging):
     """The app built after logging is at DEBUG, so start-up (schema, config warnings) is captured too."""
-    return create_app(config)
+    return started_app(config)
 
 
 @pytest.fixture

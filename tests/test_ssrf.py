@@ -4,6 +4,7 @@ No test touches the network: every name goes through a stub resolver.
 """
 
 import re
+import socket
 from ipaddress import ip_address, ip_network
 
 import pytest
@@ -514,6 +515,35 @@ def test_message_names_control_character_without_echoing_it():
 ])
 def test_is_internal_address(ip, internal):
     assert is_internal_address(ip_address(ip)) is internal
+
+
+# --- the refusal's detail: the address and the rule, for the failure record --------------------
+
+@pytest.mark.parametrize("answers, detail", [
+    (["10.1.2.3"], "10.1.2.3 (hooks.example.com) is in 10.0.0.0/8: an internal address, never delivered to"),
+    ([PUBLIC_IP, "169.254.169.254"],
+     "169.254.169.254 (hooks.example.com) is in 169.254.0.0/16: an internal address, never delivered to"),
+    (["::ffff:127.0.0.1"], "::ffff:7f00:1 (hooks.example.com) is in ::ffff:0:0/96, which carries an IPv4 "
+                           "address: an internal address, never delivered to"),
+    (["fe80::1"], "fe80::1 (hooks.example.com) is outside 2000::/3, the only IPv6 delivered to: an internal "
+                  "address, never delivered to"),
+    (["2001:db8::1"], "2001:db8::1 (hooks.example.com) is in 2001:db8::/32: an internal address, never delivered to"),
+])
+def test_an_internal_answer_is_refused_naming_the_address_and_the_network(answers, detail):
+    error = refusal("https://hooks.example.com/h", StubResolver({"hooks.example.com": answers}))
+    assert (error.code, error.message) == ("internal_url", "URL host 'hooks.example.com' is an internal address")
+    assert error.detail == detail
+
+
+def test_an_internal_literal_is_refused_naming_the_network():
+    assert refusal("http://192.168.1.1/h").detail == \
+        "192.168.1.1 is in 192.168.0.0/16: an internal address, never delivered to"
+
+
+def test_a_name_that_does_not_resolve_keeps_the_resolvers_words():
+    resolver = StubResolver({"gone.example.com": socket.gaierror(socket.EAI_NONAME, "Name or service not known")})
+    error = refusal("https://gone.example.com/h", resolver)
+    assert (error.code, error.detail) == ("unresolvable", "lookup of gone.example.com failed: Name or service not known")
 
 
 # --- parse_networks -------------------------------------------------------------------------------

@@ -208,8 +208,10 @@ def test_an_auto_disabled_subscription_is_409_and_queues_nothing(app, client, au
             Subscription.id == subscription["id"]).execute()
     response = ping_as(client, auth, subscription)
     assert response.status_code == 409
-    assert response.get_json() == problem(409, "Conflict", "subscription_disabled",
-                                          "The subscription was auto-disabled after repeated failures.")
+    assert response.get_json() == problem(
+        409, "Conflict", "subscription_disabled",
+        f"The subscription was auto-disabled after repeated failures. Fix your endpoint, then ask the service's "
+        f"operator to re-enable it (flask webhooks enable {subscription['id']}), or delete it and create a new one.")
     assert nothing_queued(app)
 
 

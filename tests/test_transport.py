@@ -2,25 +2,30 @@
 
 from __future__ import annotations
 
+import errno
 import gc
 import http.server
 import os
+import re
 import socket
 import ssl
+import struct
 import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import datetime
 
 import pytest
 
+from partner.outbound import causes
 from partner.outbound.ssrf import Target
 from tests.receivers import RawServer, drip_bytes, read_request
 from tests.support import SLACK_SECONDS, eventually
 from partner.outbound.transport import AttemptResult, Deadline, Transport
-from partner.outside_text import EXCERPT_BYTES
+from partner.safe_text import EXCERPT_BYTES
 
 HOOK_HOST = "hooks.example.test"  # .test never resolves: a request that arrives used no DNS
 HEADERS = {
@@ -177,6 +182,7 @@ def test_500_is_an_http_status_failure(receiver):
     result = post(target(receiver.port))
 
     assert result == AttemptResult(False, 500, "http_status", "boom", result.duration_ms)
+    assert result.error_detail is None  # the status and the excerpt say it
 
 
 def test_redirect_is_reported_and_never_followed(serve):
@@ -187,7 +193,24 @@ def test_redirect_is_reported_and_never_followed(serve):
     result = post(target(redirecting.port))
 
     assert (result.ok, result.http_status, result.error) == (False, 302, "redirect")
+    assert result.error_detail == f"302 to http://127.0.0.1:{elsewhere.port}/"
     assert elsewhere.received == []
+
+
+@pytest.mark.parametrize(("location", "detail"), [
+    ("https://user:pa55@new.example.com:8443/in?token=s3cret#top", "301 to https://new.example.com:8443/in?…"),
+    ("/relative/path", "301 to /relative/path"),
+    ("https://new.example.com/" + "p" * 300, "301 to https://new.example.com/" + "p" * 168 + "…"),
+    ("http://[::1", "301 to an unreadable Location"),
+    (None, "301 without a Location header"),
+])
+def test_a_redirect_names_its_location_without_credentials_or_query_and_bounded(receiver, location, detail):
+    receiver.reply = (301, {"Location": location} if location else {}, b"")
+
+    result = post(target(receiver.port))
+
+    assert (result.error, result.error_detail) == ("redirect", detail)
+    assert len(result.error_detail) <= 200
 
 
 def test_excerpt_is_at_most_1024_bytes_once_encoded_with_invalid_utf8_replaced(receiver):
@@ -232,9 +255,60 @@ def test_a_huge_body_is_read_only_up_to_the_cap(serve_raw, status, error):
 
 
 def test_refused_connection_is_a_connection_error():
-    result = post(target(refused_port()))
+    port = refused_port()
 
-    assert result == AttemptResult(False, None, "connection_error", "", result.duration_ms)
+    result = post(target(port))
+
+    assert result == AttemptResult(False, None, "connection_error", "", result.duration_ms,
+                                   f"connection refused by 127.0.0.1 port {port}")
+
+
+def test_a_reset_is_a_connection_error_that_says_so(serve_raw):
+    def reset(conn, server):
+        read_request(conn)
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # RST, not FIN
+
+    server = serve_raw(reset)
+    result = post(target(server.port))
+
+    assert (result.error, result.error_detail) == (
+        "connection_error", "connection reset by the receiver while waiting for the response head")
+
+
+def test_a_body_cut_short_says_how_much_came(serve_raw):
+    def cut(conn, server):
+        read_request(conn)
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nab")
+
+    result = post(target(serve_raw(cut).port))
+
+    assert (result.http_status, result.error, result.error_detail) == (
+        200, "connection_error", "connection closed mid-body: 2 of 100 bytes received")
+
+
+def test_a_reply_that_is_not_http_says_so(serve_raw):
+    def garbage(conn, server):
+        read_request(conn)
+        conn.sendall(b"SSH-2.0-OpenSSH_9.6\r\n\r\n")
+
+    result = post(target(serve_raw(garbage).port))
+
+    assert (result.error, result.error_detail) == (
+        "connection_error", "the receiver sent an invalid status line (BadStatusLine)")
+
+
+@pytest.mark.parametrize(("error", "detail"), [
+    (OSError(errno.ENETUNREACH, "Network is unreachable"), "network unreachable to 192.0.2.7 port 443"),
+    (OSError(errno.EHOSTUNREACH, "No route to host"), "host unreachable to 192.0.2.7 port 443"),
+    (OSError(errno.EACCES, "Permission denied"), "Permission denied while connecting"),
+])
+def test_a_network_that_cannot_be_reached_is_named(error, detail):
+    """No packet leaves: the errors a kernel raises for a network or host it has no route to."""
+    assert causes.of_failure(error, "connect", "192.0.2.7", 443) == detail
+
+
+def test_a_detail_is_one_clean_line_of_at_most_200_characters():
+    assert causes.bounded("a\tb\n\x00c " + "x" * 300) == "a b \ufffdc " + "x" * 192 + "…"
 
 
 def test_a_silent_server_times_out_at_the_deadline(serve_raw):
@@ -243,6 +317,7 @@ def test_a_silent_server_times_out_at_the_deadline(serve_raw):
     result, elapsed = timed_post(target(server.port))
 
     assert (result.http_status, result.error) == (None, "timeout")
+    assert result.error_detail == f"deadline of {TIMEOUT:g} s reached while waiting for the response head"
     assert TIMEOUT <= elapsed < TIMEOUT + MARGIN
 
 
@@ -266,6 +341,8 @@ def test_a_dripped_body_times_out_at_the_deadline_keeping_the_status(serve_raw):
 
     assert (result.ok, result.http_status, result.error) == (False, 200, "timeout")
     assert result.response_excerpt.startswith("zzz")
+    assert re.fullmatch(rf"deadline of {TIMEOUT:g} s reached while reading the response body \([0-9]+ bytes received\)",
+                        result.error_detail)
     assert TIMEOUT <= elapsed < TIMEOUT + MARGIN
 
 
@@ -291,6 +368,7 @@ def test_a_server_too_busy_to_accept_times_out_at_the_deadline():
         for probe in queued:
             probe.close()
     assert (result.http_status, result.error) == (None, "timeout")
+    assert result.error_detail == f"deadline of {TIMEOUT:g} s reached while connecting"
     assert TIMEOUT <= elapsed < TIMEOUT + MARGIN
 
 
@@ -390,7 +468,34 @@ def test_tls_host_name_mismatch_is_a_tls_error(tls_receiver, tls_transport):
     result = post(tgt, transport=tls_transport)
 
     assert (result.ok, result.http_status, result.error) == (False, None, "tls_error")
+    assert result.error_detail == ("certificate verify failed: Hostname mismatch, certificate is not valid "
+                                   "for 'other.example.test'.")
     assert tls_receiver.received == []
+
+
+def test_an_expired_certificate_is_a_tls_error_that_says_so(serve, tls_ca, tls_transport):
+    expired = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    tls_ca.issue_cert(HOOK_HOST, not_before=datetime(2020, 1, 1),
+                      not_after=datetime(2021, 1, 1)).configure_cert(expired)
+
+    result = post(target(serve(tls=expired).port, host=HOOK_HOST, scheme="https"), transport=tls_transport)
+
+    assert (result.error, result.error_detail) == ("tls_error", "certificate verify failed: certificate has expired")
+
+
+def test_a_handshake_that_never_ends_times_out_naming_it(serve_raw, tls_transport):
+    server = serve_raw(lambda conn, server: server.stopped.wait())
+
+    result = post(target(server.port, host=HOOK_HOST, scheme="https"), TIMEOUT, tls_transport)
+
+    assert (result.error, result.error_detail) == ("timeout",
+                                                   f"deadline of {TIMEOUT:g} s reached during the TLS handshake")
+
+
+def test_tls_to_a_plain_http_server_says_what_the_handshake_found(receiver, tls_transport):
+    result = post(target(receiver.port, host=HOOK_HOST, scheme="https"), transport=tls_transport)
+
+    assert (result.error, result.error_detail) == ("tls_error", "TLS handshake failed: wrong version number")
 
 
 def test_a_dripped_body_over_tls_times_out_at_the_deadline(serve_raw, server_tls, tls_transport):
@@ -411,6 +516,7 @@ def test_tls_untrusted_certificate_is_a_tls_error(tls_receiver):
     result = post(target(tls_receiver.port, host=HOOK_HOST, scheme="https"))
 
     assert (result.ok, result.http_status, result.error) == (False, None, "tls_error")
+    assert result.error_detail == "certificate verify failed: unable to get local issuer certificate"
 
 
 # --- resources -------------------------------------------------------------------------
@@ -527,6 +633,7 @@ def test_a_fresh_connection_closed_without_an_answer_is_not_retried(serve_raw):
     result = post(target(server.port))
 
     assert (result.ok, result.error) == (False, "connection_error")
+    assert result.error_detail == "connection closed by the receiver without a response"
     assert server.accepted == 1
 
 

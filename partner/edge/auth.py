@@ -10,6 +10,9 @@ from partner.keys import find_active_key
 
 # `Bearer <key>` with the scheme in any case, or the bare key. Basic (and any other scheme) is refused.
 _BEARER = re.compile(r"(?:bearer[ \t]+)?(\S+)", re.IGNORECASE)
+# The same for every failure (which one is never said), and it says how a key is sent; ASCII, so that
+# a raw body (curl) shows it as written.
+UNAUTHORIZED_DETAIL = "A valid API key is required, sent as 'Authorization: Bearer vck_...'."
 
 
 def bearer_key(header: str | None) -> str | None:
@@ -26,7 +29,7 @@ def authenticate() -> None:
     if caller is None:
         # Failed attempts spend the client address's budget, never an organization's.
         limits.charge_failed_login(request.remote_addr)
-        raise ApiError(401, "unauthorized", "A valid API key is required.",
+        raise ApiError(401, "unauthorized", UNAUTHORIZED_DETAIL,
                        headers={"WWW-Authenticate": 'Bearer realm="partner-api"'})
     g.caller = caller
     g.rate_window = limits.charge_organization(caller.organization.id,

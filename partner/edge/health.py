@@ -2,17 +2,20 @@
 
 They need no API key, are never rate limited, never write, and open no pooled connection: the
 database is read only through backlog.read_backlog, which is bounded in time, so none of them can
-hang or load the database with commits.
+hang or load the database with commits. During a database outage that read is also the probe that
+ends it once the database takes writes again (availability.probe_answered).
 """
 
 import threading
 import time
 
 from flask import Blueprint, Flask, current_app, g, request
+from flask.globals import request_ctx
+from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
-from partner.operator import metrics
-from partner.availability import database_outage
-from partner.backlog import DatabaseUnavailable, read_backlog
+from partner.telemetry import metrics
+from partner.store.availability import database_outage, probe_answered
+from partner.store.backlog import DatabaseUnavailable, read_backlog
 from partner.errors import ApiError
 from partner.timestamps import now_ms
 
@@ -40,8 +43,9 @@ def readyz():
         backlog = _backlog(now)
     except DatabaseUnavailable as error:
         raise ApiError(503, "not_ready", f"database: {error}.") from None
-    # Whether writes commit is learned from the service's own writes (a 503, the scanner's claims),
-    # never asked here: a probe that commits would let anyone load the database with GETs.
+    # Whether writes commit is learned from the service's own writes (a 503, the scanner's claims)
+    # and, during an outage, from a probe that writes nothing (_read_backlog); never from a commit
+    # here: a probe that commits would let anyone load the database with GETs.
     refusal = database_outage.failure
     if refusal:
         raise ApiError(503, "not_ready", f"database: the database cannot take a write ({refusal}).")
@@ -67,25 +71,54 @@ def _render_scrape() -> tuple[bytes, str]:
 
 class Recent:
     """A value computed at most once every `seconds`, by one thread at a time; the others get the
-    last one. Summing every worker's metric files costs milliseconds: without this, a hammer on
-    /metrics would cost the partner API what the scrapes cost."""
+    last one. Summing every worker's metric files costs milliseconds, and reading the backlog during
+    an outage up to its time bound: without this, a hammer on /metrics or /readyz would cost the
+    partner API what the scrapes cost, and hold a thread each. A failure (an exception) is kept as
+    long as a value. The computation runs outside the lock: a thread that finds one under way takes
+    the last outcome, or, when there is none yet, waits for that computation's."""
 
     def __init__(self, seconds: float):
         self.seconds = seconds
         self._lock = threading.Lock()
-        self._value, self._computed_at = None, float("-inf")
+        self._outcome: tuple | None = None  # (value, exception)
+        self._computed_at = float("-inf")
+        self._computing: threading.Event | None = None
 
     def get(self, compute):
         with self._lock:
-            if time.monotonic() - self._computed_at >= self.seconds:
-                self._value, self._computed_at = compute(), time.monotonic()
-            return self._value
+            computing = self._computing
+            due = computing is None and time.monotonic() - self._computed_at >= self.seconds
+            if due:
+                computing = self._computing = threading.Event()
+        if due:
+            try:
+                outcome = (compute(), None)
+            except Exception as error:  # noqa: BLE001 - kept, and raised to every caller until stale
+                outcome = (None, error)
+            with self._lock:
+                self._outcome, self._computed_at, self._computing = outcome, time.monotonic(), None
+            computing.set()
+        elif computing is not None and self._outcome is None:
+            computing.wait()
+        value, error = self._outcome
+        if error is not None:
+            raise error.with_traceback(None)  # the same one for every caller: no traceback piles up
+        return value
 
 
 def _backlog(now: int):
     """The due backlog (a probe or a scrape asks every few seconds; a hammer of them must not open
     a connection each)."""
-    return _recent_backlog.get(lambda: read_backlog(now, READY_TIMEOUT_SECONDS))
+    return _recent_backlog.get(lambda: _read_backlog(now))
+
+
+def _read_backlog(now: int):
+    """The due backlog, read within READY_TIMEOUT_SECONDS; during an outage with the probe too."""
+    outage = database_outage.active
+    backlog = read_backlog(now, READY_TIMEOUT_SECONDS, probe=outage)
+    if outage and backlog.writable:
+        probe_answered()
+    return backlog
 
 
 # Under gunicorn (metrics summed over workers), a scrape and the backlog are at most a second old;
@@ -101,7 +134,20 @@ def _start_timer() -> None:
 def _count_request(response):
     started_at = g.get("started_at")
     if started_at is not None:
-        rule = request.url_rule.rule if request.url_rule else None
-        metrics.count_request(request.method, rule, response.status_code,
-                              time.perf_counter() - started_at)
+        metrics.count_request(request.method, _route(), response.status_code, time.perf_counter() - started_at)
     return response
+
+
+def _route() -> str | None:
+    """The URL rule the request matched; for a 405, the rule its path matches with another method
+    (the route exists, the method does not); None for a path no rule matches."""
+    if request.url_rule is not None:
+        return request.url_rule.rule
+    refusal = request.routing_exception
+    if not isinstance(refusal, MethodNotAllowed) or not refusal.valid_methods:
+        return None
+    try:  # matched again only for a 405, with a method the rule takes
+        rule, _ = request_ctx.url_adapter.match(method=refusal.valid_methods[0], return_rule=True)
+    except HTTPException:
+        return None
+    return rule.rule

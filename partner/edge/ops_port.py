@@ -3,10 +3,11 @@
 When it is set, gunicorn also listens on that port (gunicorn.conf.py; a worker refuses to start if
 it does not) and each request is served by the port it arrived on: /healthz, /readyz, /metrics,
 /openapi.json and /docs only on the ops port, everything else only on the partner port; the other
-port answers 404 problem+json, as for a path that does not exist. So the partner port can face the
-internet while probes and scrapes stay on a port the network keeps private. The port is the
-listening socket's own, never one a client wrote: behind a unix socket gunicorn takes SERVER_PORT
-from the Host header.
+port answers 404 problem+json, as for a path that does not exist. So probes and scrapes can come
+from the monitoring network to a port of their own, while the partner port stays where only the
+reverse proxy reaches it: it is never exposed bare, since a few slow clients hold all of gunicorn's
+request threads (deploy/nginx keeps them in nginx). The port is the listening socket's own, never
+one a client wrote: behind a unix socket gunicorn takes SERVER_PORT from the Host header.
 """
 
 from functools import partial

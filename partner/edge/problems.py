@@ -1,14 +1,15 @@
-"""Every error rendered as RFC 9457 problem+json: the handlers, and the 503s of a database outage and
-of a secret this process cannot open."""
+"""Every error rendered as RFC 9457 problem+json: the handlers, and the 503s of a database outage, of
+a secret this process cannot open, and of a DNS lookup that cannot start."""
 
 import logging
 from http import HTTPStatus
 
-from flask import Flask, Response, json
-from werkzeug.exceptions import HTTPException
+from flask import Flask, Response, current_app, json
+from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
-from partner.availability import database_failed, is_unavailable
+from partner.store.availability import database_failed, is_unavailable
 from partner.errors import ApiError
+from partner.outbound.dns import LookupsBusy
 from partner.sealing import SealingError
 
 log = logging.getLogger(__name__)
@@ -48,6 +49,7 @@ def register_error_handlers(app: Flask) -> None:
     app.register_error_handler(ApiError, _api_error)
     app.register_error_handler(HTTPException, _http_error)
     app.register_error_handler(SealingError, _secret_unreadable)
+    app.register_error_handler(LookupsBusy, _lookups_busy)
     app.register_error_handler(Exception, _unexpected_error)
 
 
@@ -60,8 +62,19 @@ def _api_error(error: ApiError) -> Response:
 def _http_error(error: HTTPException) -> Response:
     status = error.code or 500
     code = HTTP_CODES.get(status, "http_error")
-    return problem(status, code, error.description or HTTPStatus(status).phrase,
-                   response=error.get_response())
+    return problem(status, code, _detail(error), response=error.get_response())
+
+
+def _detail(error: HTTPException) -> str:
+    if isinstance(error, RequestEntityTooLarge):  # Werkzeug's words name no size
+        limit = byte_size(current_app.config["MAX_CONTENT_LENGTH"])
+        return f"The request body is over {limit}, the most this API accepts."
+    return error.description or HTTPStatus(error.code or 500).phrase
+
+
+def byte_size(count: int) -> str:
+    """`65536` as `64 KiB`, as nginx's own 413 says it; a size that is no whole KiB in bytes."""
+    return f"{count // 1024} KiB" if count % 1024 == 0 else f"{count} bytes"
 
 
 def _unexpected_error(error: Exception) -> Response:
@@ -82,6 +95,15 @@ def _secret_unreadable(error: SealingError) -> Response:
     return _retry_later(problem(503, "service_unavailable",
                                 "This server cannot open the subscription's stored secret right now (as while "
                                 "encryption keys are being changed); nothing was changed. Retry later."))
+
+
+def _lookups_busy(error: LookupsBusy) -> Response:
+    """503: the URL's host could not even be looked up now, as other lookups hold what a lookup needs
+    (partner/outbound/dns.py). The URL was not judged, so this is no invalid_url; nothing changed."""
+    log.info("request not served: DNS lookup not started (%s)", error)
+    return _retry_later(problem(503, "service_unavailable",
+                                "The service cannot look up the URL's host right now: too many lookups are "
+                                "under way. Nothing was changed. Retry later."))
 
 
 def _storage_unavailable(error: Exception) -> Response:

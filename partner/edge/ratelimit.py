@@ -2,7 +2,9 @@
 
 With `RATELIMIT_STORAGE_URI=redis://…` flask-limiter owns the storage and the moving-window strategy,
 shared by every process; with `memory://` (one process) LocalWindows keeps the same exact windows.
-Both count in real time, so these headers do too. Requests are charged explicitly after authentication
+LocalWindows counts on the service's clock (config CLOCK), so tests step a window instead of waiting
+it out; Redis's windows are timed by `limits` on the real clock, so the headers then are too.
+Requests are charged explicitly after authentication
 rather than through flask-limiter's request hooks, because the budget is keyed by the organization,
 which is only known once the key has been checked.
 """
@@ -19,8 +21,8 @@ from flask_limiter import Limiter
 from limits import RateLimitItemPerMinute
 
 from partner.errors import ApiError
-from partner.operator.metrics import RATE_LIMITED
-from partner.availability import Outage
+from partner.telemetry.metrics import RATE_LIMITED
+from partner.store.availability import Outage
 
 log = logging.getLogger(__name__)
 
@@ -35,11 +37,12 @@ class Window:
     """The state of one budget right after a request was charged to it."""
     limit: int
     remaining: int
-    reset_at: float  # Unix seconds at which the oldest counted request leaves the window
+    reset_at: float  # Unix seconds at which the next request would be allowed, if none were left
     allowed: bool
+    now: float  # when it was charged, on the clock that timed the window
 
     def seconds_to_reset(self) -> int:
-        return max(1, math.ceil(self.reset_at - time.time()))
+        return max(1, math.ceil(self.reset_at - self.now))
 
     def headers(self) -> dict[str, str]:
         """The X-RateLimit-* set and the IETF draft RateLimit / RateLimit-Policy pair."""
@@ -61,7 +64,7 @@ class LocalWindows:
     first. limits' own memory storage inserts at the head of a list (O(n) per hit) and starts a
     thread every 10 ms to expire entries, which made the rate limit a third of a request's CPU."""
 
-    def __init__(self, clock=time.time):
+    def __init__(self, clock):
         self._clock = clock
         self._hits: dict[tuple[str, str], deque[float]] = {}
         self._lock = threading.Lock()
@@ -77,9 +80,9 @@ class LocalWindows:
             allowed = len(hits) < limit
             if allowed:
                 hits.append(now)
-            reset_at = (hits[0] if hits else now) + WINDOW_SECONDS
+            reset_at = _reset_at(hits, limit, now)
         # A limit lowered mid-window may already be exceeded: none remain, never fewer.
-        return Window(limit, max(0, limit - len(hits)), reset_at, allowed)
+        return Window(limit, max(0, limit - len(hits)), reset_at, allowed, now)
 
     def _sweep(self, now: float) -> None:
         """Forget budgets idle for a whole window, so memory follows the active clients only."""
@@ -88,6 +91,15 @@ class LocalWindows:
             if not hits:
                 del self._hits[budget]
         self._swept_at = now
+
+
+def _reset_at(hits: deque, limit: int, now: float) -> float:
+    """When a request would next be allowed if the budget were spent: once all but `limit - 1` of the
+    counted hits have left the window. After a lowered limit more than `limit` are counted, and the
+    oldest one leaving frees nothing yet."""
+    if not hits:
+        return now + WINDOW_SECONDS
+    return hits[max(0, len(hits) - limit)] + WINDOW_SECONDS
 
 
 def _expire(hits: deque, now: float) -> None:
@@ -104,12 +116,23 @@ def storage_options(uri: str, timeout: float) -> dict:
     return {"socket_timeout": timeout, "socket_connect_timeout": timeout}
 
 
+class Budget(RateLimitItemPerMinute):
+    """A per-minute limit whose storage key leaves the limit out. limits keys a window by its amount,
+    so a limit the operator lowers (`flask orgs set-limit`) would open an empty window and forget what
+    the organization spent this minute. (One raised again within the minute forgets the hits its
+    lowered window trimmed: the error is on the partner's side, and lasts a minute.)"""
+
+    def key_for(self, *identifiers: str) -> str:
+        return "/".join([self.namespace, *identifiers, "per-minute"])
+
+
 class StorageProbe:
     """While the storage is failing, requests skip it and only one per PROBE_INTERVAL_SECONDS asks
     it again, so a frozen Redis costs each request nothing rather than a socket timeout each."""
 
-    def __init__(self):
+    def __init__(self, clock):
         self.outage = Outage(log, "rate-limit storage", "serving without a limit", each_failure=False)
+        self._clock = clock
         self._lock = threading.Lock()
         self._probe_at = 0.0
 
@@ -118,15 +141,16 @@ class StorageProbe:
         if not self.outage.active:
             return False
         with self._lock:
-            now = time.monotonic()
-            if now < self._probe_at:
+            now = self._clock()
+            # Wall-clock time: one set back must not put the next probe off by as much.
+            if 0 < self._probe_at - now <= PROBE_INTERVAL_SECONDS:
                 return True
             self._probe_at = now + PROBE_INTERVAL_SECONDS
             return False
 
     def failed(self, error: Exception) -> None:
         with self._lock:
-            self._probe_at = time.monotonic() + PROBE_INTERVAL_SECONDS
+            self._probe_at = self._clock() + PROBE_INTERVAL_SECONDS
         self.outage.failed(error)
 
 
@@ -144,9 +168,9 @@ class RateLimits:
     """The two budgets every API request is charged to."""
 
     def __init__(self, app: Flask):
-        uri = app.config["RATELIMIT_STORAGE_URI"]
-        self._storage = StorageProbe()
-        self._local = LocalWindows() if uri.startswith("memory://") else None
+        uri, clock = app.config["RATELIMIT_STORAGE_URI"], app.config["CLOCK"]
+        self._storage = StorageProbe(clock)
+        self._local = LocalWindows(clock) if uri.startswith("memory://") else None
         if self._local is None:
             self._limiter = _shared_limiter(app, storage_options(uri, app.config["RATELIMIT_STORAGE_TIMEOUT"]))
         self.auth_failures_per_minute = app.config["AUTH_FAILURE_RATE_LIMIT"]
@@ -173,10 +197,12 @@ class RateLimits:
         if self._local is not None:
             return self._local.hit(scope, key, per_minute)
         # Fail open: an unreachable or frozen storage must turn no request into a 500 or a hang.
-        unlimited = Window(per_minute, per_minute, time.time() + WINDOW_SECONDS, True)
+        # `limits` times Redis's windows on the real clock (it takes no other), so these use it too.
+        now = time.time()
+        unlimited = Window(per_minute, per_minute, now + WINDOW_SECONDS, True, now)
         if self._storage.should_skip():
             return unlimited
-        item = RateLimitItemPerMinute(per_minute)
+        item = Budget(per_minute)
         strategy = self._limiter.limiter
         try:
             allowed = strategy.hit(item, scope, key)
@@ -185,4 +211,4 @@ class RateLimits:
             self._storage.failed(error)
             return unlimited
         self._storage.outage.recovered()
-        return Window(per_minute, remaining, reset_at, allowed)
+        return Window(per_minute, remaining, reset_at, allowed, now)

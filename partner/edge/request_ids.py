@@ -9,8 +9,10 @@ from flask import Flask, g, has_request_context, request
 
 HEADER = "X-Request-Id"
 _ENVIRON_KEY = "HTTP_" + HEADER.upper().replace("-", "_")  # the WSGI spelling of the header
-# What we echo: short and inert in a log line or a header. Anything else is replaced, not trimmed.
-_SANE = re.compile(r"[A-Za-z0-9._-]{1,128}")
+# What we keep: short and plain, inert in a log line or a header, and never a lone `-` or `.`, which an
+# access line shows for "none". A UUID, a trace id or nginx's $request_id fits; anything else is
+# replaced, not trimmed.
+_SANE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
 def install_request_ids(app: Flask) -> None:

@@ -1,21 +1,38 @@
-"""The operator CLI, every `flask` command group: keys, webhooks, deliveries, db, encryption. Keys
+"""The operator CLI, every `flask` command group: keys, orgs, webhooks, deliveries, db, encryption. Keys
 have no HTTP endpoint. Thin: parse, call one domain function, print."""
 
-import sys
+import functools
 from datetime import datetime
 
 import click
 from flask import current_app
 from flask.cli import AppGroup
 
-from models import db
-from partner import backup, encryption, migrations, retention, sealing
-from partner.availability import describe, is_unavailable
-from partner.deliveries import STATES, list_deliveries, replay_dead_letters
+from partner.store.connection import db
+from partner import resealing, retention, sealing
+from partner.store import backup, migrations
+from partner.store.availability import describe, is_unavailable
+from partner.history import STATES, delivery_story, list_deliveries, replay_dead_letters
 from partner.errors import OperatorError, ValidationError
-from partner.keys import MAX_RATE_LIMIT, IssuedKey, create_key, list_keys, revoke_key, rotate_key
+from partner.keys import (DEFAULT_RATE_LIMIT, GRANTABLE_SCOPES, MAX_RATE_LIMIT, IssuedKey, create_key, list_keys,
+                          revoke_key, rotate_key)
+from partner.organizations import list_organizations, set_rate_limit
+from partner.retry import RetryPolicy
 from partner.subscriptions import enable_subscription, subscriptions_overview
+from partner.startup import AS_IT_IS, NOTHING, UP_TO_DATE, start_command
 from partner.timestamps import iso, now_ms, to_ms
+
+def starts(needs: str, keys: bool = False):
+    """Declare what a command needs of the start-up (partner/startup.py: NOTHING, AS_IT_IS or
+    UP_TO_DATE; `keys`: it opens webhook secrets); that much runs before it."""
+    def declare(command):
+        @functools.wraps(command)
+        def run(*args, **kwargs):
+            start_command(current_app, needs, keys)
+            return command(*args, **kwargs)
+        return run
+    return declare
+
 
 keys_cli = AppGroup("keys", help="Issue, list, revoke and rotate partner API keys.")
 
@@ -34,9 +51,12 @@ def _announce(issued: IssuedKey) -> None:
 
 @keys_cli.command("create")
 @click.option("--org", required=True, help="Organization slug; created on first use.")
-@click.option("--scope", "scopes", multiple=True, help="A scope to grant (repeatable).")
+@click.option("--scope", "scopes", multiple=True,
+              help=f"A scope to grant (repeatable): {', '.join(sorted(GRANTABLE_SCOPES))}.")
 @click.option("--rate-limit", type=click.IntRange(1, MAX_RATE_LIMIT),
-              help="Requests per minute for the organization.")
+              help=f"Requests per minute of a new organization [default: {DEFAULT_RATE_LIMIT}]; an existing "
+                   "one keeps its own (`flask orgs set-limit`).")
+@starts(UP_TO_DATE)
 def create_command(org: str, scopes: tuple[str, ...], rate_limit: int | None) -> None:
     """Create a key; identity:read is always granted."""
     _announce(_run(create_key, org, list(scopes), _now(), rate_limit))
@@ -44,6 +64,7 @@ def create_command(org: str, scopes: tuple[str, ...], rate_limit: int | None) ->
 
 @keys_cli.command("list")
 @click.option("--org", help="Only this organization's keys.")
+@starts(UP_TO_DATE)
 def list_command(org: str | None) -> None:
     """List keys (never their secrets)."""
     keys = _run(list_keys, org)
@@ -56,6 +77,7 @@ def list_command(org: str | None) -> None:
 
 @keys_cli.command("revoke")
 @click.argument("key_id")
+@starts(UP_TO_DATE)
 def revoke_command(key_id: str) -> None:
     """Revoke a key at once; every later request with it gets 401."""
     key = _run(revoke_key, key_id, _now())
@@ -66,6 +88,7 @@ def revoke_command(key_id: str) -> None:
 
 @keys_cli.command("rotate")
 @click.argument("key_id")
+@starts(UP_TO_DATE)
 def rotate_command(key_id: str) -> None:
     """Create a key with the same organization, scopes and limit, and revoke the old one."""
     issued = _run(rotate_key, key_id, _now())
@@ -75,11 +98,32 @@ def rotate_command(key_id: str) -> None:
     _announce(issued)
 
 
+orgs_cli = AppGroup("orgs", help="Organizations: their rate limits, keys, subscriptions and deliveries.")
+
+
+@orgs_cli.command("list")
+@starts(UP_TO_DATE)
+def orgs_list() -> None:
+    """List organizations: limit, active keys, subscriptions, open and dead deliveries."""
+    _table(("SLUG", "RATE_LIMIT_PER_MINUTE", "ACTIVE_KEYS", "SUBSCRIPTIONS", "PENDING", "DEAD"),
+           (org.row() for org in _run(list_organizations)))
+
+
+@orgs_cli.command("set-limit")
+@click.argument("slug")
+@click.argument("per_minute", type=click.IntRange(1, MAX_RATE_LIMIT))
+@starts(UP_TO_DATE)
+def orgs_set_limit(slug: str, per_minute: int) -> None:
+    """Set the organization's requests per minute, shared by all its keys, from their next request."""
+    _run(set_rate_limit, slug, per_minute)
+    click.echo(f"Organization {slug} now has {per_minute} requests per minute, for every key.")
+
+
 webhooks_cli = AppGroup("webhooks", help="Inspect and re-enable webhook subscriptions.")
 deliveries_cli = AppGroup("deliveries", help="Inspect deliveries and replay dead letters.")
 db_cli = AppGroup("db", help="Database upkeep: schema versions, backups, retention.")
 encryption_cli = AppGroup("encryption", help="Keys that seal webhook secrets at rest.")
-COMMANDS = (keys_cli, webhooks_cli, deliveries_cli, db_cli, encryption_cli)
+COMMANDS = (keys_cli, orgs_cli, webhooks_cli, deliveries_cli, db_cli, encryption_cli)
 
 
 class Rfc3339(click.ParamType):
@@ -128,6 +172,7 @@ def _unless_refused(operation, *args, **kwargs):
 @webhooks_cli.command("list")
 @click.option("--org", help="Only this organization's subscriptions.")
 @click.option("--disabled", is_flag=True, help="Only disabled subscriptions.")
+@starts(UP_TO_DATE)
 def webhooks_list(org: str | None, disabled: bool) -> None:
     """List subscriptions with their open and dead deliveries (never a secret)."""
     rows = _run(subscriptions_overview, org, disabled)
@@ -138,6 +183,7 @@ def webhooks_list(org: str | None, disabled: bool) -> None:
 
 @webhooks_cli.command("enable")
 @click.argument("subscription_id")
+@starts(UP_TO_DATE)
 def webhooks_enable(subscription_id: str) -> None:
     """Re-enable an auto-disabled subscription; resends nothing by itself."""
     subscription = _run(enable_subscription, subscription_id)
@@ -146,21 +192,63 @@ def webhooks_enable(subscription_id: str) -> None:
 
 
 @deliveries_cli.command("list")
-@click.option("--subscription", "subscription_id", required=True, help="Subscription id (wh_…).")
+@click.option("--subscription", "subscription_id", help="Only this subscription's (wh_…).")
+@click.option("--org", help="Only this organization's.")
 @click.option("--state", type=click.Choice(STATES), help="Only deliveries in this state.")
+@click.option("--since", type=Rfc3339(), help="Only events that occurred at or after this time.")
 @click.option("--limit", type=click.IntRange(1, 10_000), default=50, show_default=True)
-def deliveries_list(subscription_id: str, state: str | None, limit: int) -> None:
-    """List a subscription's deliveries, newest first."""
-    rows = _run(list_deliveries, subscription_id, state, limit)
-    _table(("EVENT_ID", "KIND", "STATE", "ATTEMPTS", "CREATED_AT", "DUE_OR_FINISHED_AT"),
-           ((r.event_id, r.kind, r.state, r.attempts, iso(r.created_at), iso(r.due_or_finished_at))
-            for r in rows))
+@starts(UP_TO_DATE)
+def deliveries_list(subscription_id: str | None, org: str | None, state: str | None, since: int | None,
+                    limit: int) -> None:
+    """List deliveries across subscriptions, newest event first."""
+    rows = _run(list_deliveries, subscription_id, org, state, since, limit)
+    _table(("EVENT_ID", "SUBSCRIPTION", "ORG", "KIND", "STATE", "ATTEMPTS", "CREATED_AT", "DUE_OR_FINISHED_AT"),
+           ((r.event_id, r.subscription_id, r.organization, r.kind, r.state, r.attempts, iso(r.created_at),
+             iso(r.due_or_finished_at)) for r in rows))
+
+
+@deliveries_cli.command("show")
+@click.argument("event_id")
+@click.option("--subscription", "subscription_id", help="The event's subscription (wh_…), to check.")
+@starts(UP_TO_DATE)
+def deliveries_show(event_id: str, subscription_id: str | None) -> None:
+    """One event: its subscription, every attempt in order, and why it ended or when it is next due."""
+    config = current_app.config
+    story = _run(delivery_story, event_id, _now(),
+                 RetryPolicy(config["DELIVERY_RETRY_DELAYS"], config["AUTO_DISABLE_THRESHOLD"]), subscription_id)
+    subscription = story.subscription
+    lines = [("event", story.event_id), ("kind", story.kind), ("created_at", iso(story.created_at)),
+             ("subscription", f"{subscription.id} ({_subscription_state(subscription)})"),
+             ("organization", subscription.organization.slug), ("url", subscription.url), ("state", story.state)]
+    if story.unrecorded:
+        lines.append(("unrecorded", f"{story.unrecorded} attempts whose outcome was never written"))
+    lines.append(("ended" if story.has_ended else "next", story.ending))
+    for name, value in lines:
+        click.echo(f"{name + ':':<14}{value}")
+    click.echo()
+    _table(("ATTEMPT", "ATTEMPTED_AT", "OUTCOME", "HTTP_STATUS", "ERROR", "ERROR_DETAIL", "DURATION_MS", "EXCERPT"),
+           ((a.number, iso(a.attempted_at) or "not recorded", a.outcome, a.http_status, a.error, a.error_detail,
+             a.duration_ms, _one_line(a.excerpt) or None) for a in story.attempts))
+
+
+def _subscription_state(subscription) -> str:
+    if subscription.deleted_at:
+        return f"deleted at {iso(subscription.deleted_at)}"
+    if not subscription.active:
+        return f"disabled: auto-disabled at {iso(subscription.auto_disabled_at)}"
+    return "active"
+
+
+def _one_line(text: str) -> str:
+    """A response excerpt in one table cell: its backslashes, tabs and line breaks escaped."""
+    return text.replace("\\", "\\\\").replace("\t", "\\t").replace("\r", "\\r").replace("\n", "\\n")
 
 
 @deliveries_cli.command("replay")
 @click.option("--subscription", "subscription_id", required=True, help="Subscription id (wh_…).")
 @click.option("--since", type=Rfc3339(), help="Only events that occurred at or after this time.")
 @click.option("--event", "event_id", help="Only this event (evt_…).")
+@starts(UP_TO_DATE)
 def deliveries_replay(subscription_id: str, since: int | None, event_id: str | None) -> None:
     """Queue dead-lettered deliveries again: same event id and bytes, due now, fresh attempts."""
     queued = _run(replay_dead_letters, subscription_id, _now(), since, event_id)
@@ -170,6 +258,7 @@ def deliveries_replay(subscription_id: str, since: int | None, event_id: str | N
 @db_cli.command("prune")
 @click.option("--older-than", "days", type=click.IntRange(1, retention.MAX_DAYS),
               help="Days to keep [default: PARTNER_RETENTION_DAYS].")
+@starts(UP_TO_DATE)
 def db_prune(days: int | None) -> None:
     """Run the retention job once, now: delete finished events older than DAYS."""
     days = days or current_app.config["RETENTION_DAYS"]
@@ -180,47 +269,9 @@ def db_prune(days: int | None) -> None:
                f"{iso(before)} ({days} days).")
 
 
-# `flask …` commands that the app the flask CLI builds before running any command must not start up for
-# as a service does: the schema commands look at the database as it is, neither migrated nor refused;
-# new-key prints a key, needing neither keys nor a database.
-AS_IT_IS = {("db", "status"), ("db", "upgrade"), ("db", "backup"), ("db", "restore")}
-NEEDS_NOTHING = {("encryption", "new-key")}
-# Of the schema commands, the one that may find no database file: it puts one in place.
-REPLACES_THE_FILE = {("db", "restore")}
-# And the one that may open a secret (a migration seals them); the others load no keys, so never make
-# the key file.
-NEEDS_KEYS = {("db", "upgrade")}
-# flask's own options that take a value (`--app wsgi`): that value is not a command.
-_FLASK_OPTION_VALUES = {"-A", "--app", "-e", "--env-file"}
-
-
-def runs_a_command(commands: set[tuple[str, str]]) -> bool:
-    """Whether this process is `flask [options] GROUP COMMAND` for one of `commands`, however flask
-    was launched (`flask`, `python -m flask`)."""
-    args = _command_line()
-    return args is not None and any(pair in commands for pair in zip(args, args[1:]))
-
-
-def only_shows_help() -> bool:
-    """Whether this process is `flask` showing help: `--help` anywhere, no command at all, or one of
-    our groups without its command (`flask db`). The flask CLI builds the app to list its commands;
-    that app must open nothing."""
-    args = _command_line()
-    if args is None:
-        return False
-    words = [arg for arg, before in zip(args, [None, *args])
-             if not arg.startswith("-") and before not in _FLASK_OPTION_VALUES]
-    return "--help" in args or not words or (len(words) == 1 and words[0] in {group.name for group in COMMANDS})
-
-
-def _command_line() -> list[str] | None:
-    """The arguments of `flask …`, read from the command line: the flask CLI builds the app before it
-    parses them. None when this process is not the flask CLI (gunicorn)."""
-    return sys.argv[1:] if click.get_current_context(silent=True) is not None else None
-
-
 @db_cli.command("status")
 @click.pass_context
+@starts(AS_IT_IS)
 def db_status(ctx: click.Context) -> None:
     """Schema version of the database and of the code; exit 0 up to date, 1 pending, 2 newer."""
     with db.connection_context():
@@ -238,6 +289,7 @@ def db_status(ctx: click.Context) -> None:
 
 
 @db_cli.command("upgrade")
+@starts(AS_IT_IS, keys=True)
 def db_upgrade() -> None:
     """Apply pending migrations under the migration lock (a no-op when up to date)."""
     try:
@@ -251,6 +303,7 @@ def db_upgrade() -> None:
 
 @db_cli.command("backup")
 @click.argument("path")
+@starts(AS_IT_IS)
 def db_backup(path: str) -> None:
     """SQLite: a consistent, verified, fsynced copy at PATH while the service serves."""
     made = _unless_refused(backup.backup, current_app.config["DATABASE_URL"], path)
@@ -259,6 +312,7 @@ def db_backup(path: str) -> None:
 
 @db_cli.command("restore")
 @click.argument("path")
+@starts(NOTHING)
 def db_restore(path: str) -> None:
     """SQLite: put the verified copy at PATH in place (every service stopped); the current file is kept aside."""
     restored = _unless_refused(backup.restore, current_app.config["DATABASE_URL"], path)
@@ -270,6 +324,7 @@ def db_restore(path: str) -> None:
 
 
 @encryption_cli.command("new-key")
+@starts(NOTHING)
 def encryption_new_key() -> None:
     """Print a fresh key for PARTNER_ENCRYPTION_KEYS on the last line."""
     click.echo("Put it first in PARTNER_ENCRYPTION_KEYS, keep the old keys after it, restart, then run "
@@ -278,8 +333,14 @@ def encryption_new_key() -> None:
 
 
 @encryption_cli.command("rotate")
+@starts(UP_TO_DATE, keys=True)
 def encryption_rotate() -> None:
     """Re-seal every webhook secret under the first key, in small batches, while the service runs."""
-    rotated = _run(encryption.rotate)
+    rotated = _run(resealing.rotate)
+    if rotated.skipped:
+        click.echo(f"Re-sealed {rotated.resealed} webhook secrets under key id {rotated.key_id}; "
+                   f"{rotated.skipped} skipped: their secrets do not open (each named in the log) and stay "
+                   f"sealed as before, so keep every key until they are dealt with.")
+        raise click.exceptions.Exit(1)
     click.echo(f"Re-sealed {rotated.resealed} webhook secrets under key id {rotated.key_id}; every "
                f"secret is now sealed under it, and keys after it may be removed.")

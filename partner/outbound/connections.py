@@ -42,6 +42,9 @@ class _Attempt(threading.local):
 
     deadline: Deadline | None = None
     dialled = False  # set when a new connection was made: a fresh one is not retried
+    # Where the attempt is, for the words of a failure (causes.PHASES): the transport sets "connect",
+    # the connection and its socket move it on; "body" is the transport's to tell (a status came).
+    phase = "connect"
     refuse_idle = False  # set for the retry: an idle connection counts as dropped, so one is dialled
 
 
@@ -96,12 +99,14 @@ class _DeadlineSocketMixin:
     # leave in one segment, and the partner wakes once per request instead of twice.
     def _before_send(self) -> None:
         _arm(self)  # type: ignore[arg-type]
+        attempt.phase = "request"
         if _CORK is not None and not self.corked:
             self.setsockopt(socket.IPPROTO_TCP, _CORK, 1)  # type: ignore[attr-defined]
             self.corked = True
 
     def _before_recv(self) -> None:
         _arm(self)  # type: ignore[arg-type]
+        attempt.phase = "response head"
         if self.corked:
             self.setsockopt(socket.IPPROTO_TCP, _CORK, 0)  # type: ignore[attr-defined]  # sends what is held
             self.corked = False
@@ -118,10 +123,13 @@ class _DeadlineTLSSocket(_DeadlineSocketMixin, ssl.SSLSocket):
 class _DeadlineConnectionMixin:
     """A urllib3 connection whose socket is a deadline socket."""
 
+    dialled_phase = "request"  # what follows the TCP connect
+
     def _new_conn(self) -> socket.socket:
         # urllib3 dials the pool's host, a vetted IP literal: there is no name to resolve.
         plain: socket.socket = super()._new_conn()  # type: ignore[misc]
         attempt.dialled = True
+        attempt.phase = self.dialled_phase
         sock = _DeadlineSocket(plain.family, plain.type, plain.proto, plain.detach())
         try:
             _arm(sock)  # bounds the TLS handshake, if any
@@ -140,7 +148,7 @@ class _HTTPConnection(_DeadlineConnectionMixin, HTTPConnection):
 
 
 class _HTTPSConnection(_DeadlineConnectionMixin, HTTPSConnection):
-    pass
+    dialled_phase = "TLS handshake"  # urllib3 wraps the socket next; the handshake calls no recv of ours
 
 
 class _HTTPPool(HTTPConnectionPool):

@@ -1,65 +1,134 @@
-"""DNS lookups with a time limit: a name whose DNS does not answer holds its caller only so long.
+"""DNS lookups that belong to their tenant: one organization's names that never answer cannot make
+another organization's lookups wait or fail.
 
-The system resolver (getaddrinfo: /etc/hosts, then DNS, in the host's name-service order) cannot
-be interrupted, so each lookup runs on a small pool of daemon threads of its own and the caller
-waits for the answer at most the time it can afford. A lookup already under way for the same name
-is shared rather than started again, so a name that never answers ties up one thread, not one per
-attempt or request.
+The system resolver (getaddrinfo: /etc/hosts, then DNS, in the host's name-service order) cannot be
+interrupted, so a lookup runs on a daemon thread of this pool, never on its caller's thread (a
+request thread, a delivery slot), and the caller waits for the answer until its own deadline (a
+create's lookup budget, an attempt's remaining time) and no longer: TimeoutError. Its thread stays
+in getaddrinfo until the resolver gives up (glibc: 5 s per server and try, often longer), whatever
+the caller does. That thread is what a tenant can take from the others: in release 1.2 every lookup
+queued in one FIFO behind a fixed number of threads, and a handful of names that never answer, all
+of one organization, held every thread; every other organization's lookups then waited in the queue
+until their callers gave up, their creates refused as `invalid_url`, their attempts recorded as
+timeouts. Three rules now, in the order a lookup meets them:
+
+1. Per tenant: at most `per_tenant` lookups in flight. One counts from the moment its caller asks
+   until its caller stops waiting or, for the caller that started it, until the resolver answers,
+   whichever comes later: a lookup abandoned at its caller's deadline still counts while its thread
+   is stuck. So a tenant whose names never answer holds at most `per_tenant` threads and
+   `per_tenant` waiting callers, however often it asks; it is refused beyond that, as is any tenant
+   at its bound, whoever's names are slow.
+2. Per name: one lookup at a time, shared by every caller that asks for the name while it runs (of
+   any tenant, each counted against its own): a name that never answers holds one thread, not one
+   per caller; a tenant asking for a name another's lookup holds waits for that same answer, which
+   is its own name's answer too.
+3. No queue: a lookup starts at once on an idle thread (or a new one, up to `threads`) or does not
+   start: LookupsBusy, at once. A queue helps only if threads come free before the callers waiting
+   in it give up, and threads held by names that never answer come free after the resolver's 10 s
+   or more, later than any caller's deadline: queued, a lookup turns into a timeout that judges the
+   caller's URL for what others' names did. With `per_tenant` well under `threads`, every thread is
+   taken only when `threads / per_tenant` tenants each fill their share at once.
+
+LookupsBusy is not a verdict on the name, so its callers never treat it as one: a create answers 503
+`service_unavailable` with Retry-After (edge/problems.py), nothing changed; a delivery attempt is
+given back uncounted, due again a few seconds later (delivery.Dispatcher.attempt): no lookup, so
+no attempt, was made. The bounds hold per process, as the pools do.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
+from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 
 Resolver = Callable[[str], Sequence[str]]
 
 
-class Lookups:
-    """Runs `resolve` on at most `threads` daemon threads, started when first needed."""
+class LookupsBusy(Exception):
+    """No lookup could start for this caller now: its tenant has `per_tenant` lookups in flight, or
+    every thread holds another lookup. Says nothing about the name."""
 
-    def __init__(self, resolve: Resolver, threads: int = 16) -> None:
+
+class _Lookup:
+    """One lookup under way: its answer, the tenant whose caller started it, and whether that caller
+    still waits (once it has stopped, the lookup's end gives the tenant's count back)."""
+
+    def __init__(self, tenant: str) -> None:
+        self.future: Future = Future()
+        self.tenant = tenant
+        self.starter_waiting = True
+
+
+class Lookups:
+    """Runs `resolve` on at most `threads` daemon threads, started when first needed, at most
+    `per_tenant` lookups in flight for each tenant (module docstring)."""
+
+    def __init__(self, resolve: Resolver, threads: int = 16, per_tenant: int = 4) -> None:
         self._resolve = resolve
         self._max_threads = threads
+        self._per_tenant = per_tenant
         self._threads = 0
         self._idle_threads = 0
-        self._jobs: queue.SimpleQueue[tuple[str, Future]] = queue.SimpleQueue()
-        self._pending: dict[str, Future] = {}
+        self._jobs: queue.SimpleQueue[tuple[str, _Lookup]] = queue.SimpleQueue()
+        self._pending: dict[str, _Lookup] = {}
+        self._in_flight: Counter[str] = Counter()
         self._lock = threading.Lock()
 
-    def within(self, seconds: float) -> Resolver:
-        """A resolver that raises TimeoutError when no answer comes within `seconds`."""
-        return lambda host: self.resolve(host, seconds)
+    def resolver_for(self, tenant: str, remaining: Callable[[], float]) -> Resolver:
+        """A resolver for one caller of `tenant` whose waiting ends at that caller's deadline:
+        `remaining()` is how many seconds it still has (it may raise TimeoutError once none)."""
+        return lambda host: self.resolve(host, tenant, remaining())
 
-    def resolve(self, host: str, seconds: float) -> Sequence[str]:
-        """The resolver's answer for `host`, or its exception; TimeoutError after `seconds`."""
-        future = self._lookup(host)
+    def resolve(self, host: str, tenant: str, seconds: float) -> Sequence[str]:
+        """The resolver's answer for `host`, or its exception; TimeoutError after `seconds`;
+        LookupsBusy at once when no lookup can start for `tenant`."""
+        lookup, started = self._join_or_start(host, tenant)
         try:
-            return future.result(timeout=max(0.0, seconds))
+            return lookup.future.result(timeout=max(0.0, seconds))
         except TimeoutError:  # concurrent.futures.TimeoutError is TimeoutError since Python 3.11
-            if not future.done():
+            if not lookup.future.done():
                 raise TimeoutError(f"no answer for {host!r} within {seconds:g} s") from None
-            return future.result()
+            return lookup.future.result()
+        finally:
+            self._stop_waiting(lookup, tenant, started)
 
-    def _lookup(self, host: str) -> Future:
+    def _join_or_start(self, host: str, tenant: str) -> tuple[_Lookup, bool]:
+        """The lookup under way for `host`, or a new one on a thread; whether this caller started it."""
         with self._lock:
-            future = self._pending.get(host)
-            if future is not None:
-                return future
-            future = self._pending[host] = Future()
-            self._jobs.put((host, future))
-            if self._idle_threads <= 0 and self._threads < self._max_threads:
-                self._threads += 1
-                threading.Thread(target=self._work, name=f"dns-{self._threads}", daemon=True).start()
+            if self._in_flight[tenant] >= self._per_tenant:
+                raise LookupsBusy(f"{self._per_tenant} lookups of this tenant are under way")
+            lookup = self._pending.get(host)
+            started = lookup is None
+            if started:
+                if self._idle_threads <= 0 and self._threads >= self._max_threads:
+                    raise LookupsBusy(f"all {self._max_threads} lookup threads are busy")
+                lookup = self._pending[host] = _Lookup(tenant)
+                if self._idle_threads > 0:
+                    self._idle_threads -= 1  # the job just queued is that thread's
+                else:
+                    self._threads += 1
+                    threading.Thread(target=self._work, name=f"dns-{self._threads}", daemon=True).start()
+                self._jobs.put((host, lookup))
+            self._in_flight[tenant] += 1
+        return lookup, started
+
+    def _stop_waiting(self, lookup: _Lookup, tenant: str, started: bool) -> None:
+        with self._lock:
+            if started and not lookup.future.done():
+                lookup.starter_waiting = False  # the lookup's end gives the count back (_work)
             else:
-                self._idle_threads -= 1  # taken by the job just queued (or queued behind the others)
-        return future
+                self._give_back(tenant)
+
+    def _give_back(self, tenant: str) -> None:
+        self._in_flight[tenant] -= 1
+        if not self._in_flight[tenant]:
+            del self._in_flight[tenant]  # a Counter keeps zeros: one entry per tenant ever seen
 
     def _work(self) -> None:
         while True:
-            host, future = self._jobs.get()
+            host, lookup = self._jobs.get()
             try:
                 answer, failure = self._resolve(host), None
             except BaseException as error:  # the caller decides what a failed lookup means
@@ -67,7 +136,11 @@ class Lookups:
             with self._lock:  # forgotten before anyone hears the answer: a later lookup asks anew
                 del self._pending[host]
                 self._idle_threads += 1
-            if failure is None:
-                future.set_result(answer)
-            else:
-                future.set_exception(failure)
+                if not lookup.starter_waiting:
+                    self._give_back(lookup.tenant)
+                # Under the lock: a starter that stops waiting now sees the answer and gives its
+                # count back itself, and no thread gives it back twice.
+                if failure is None:
+                    lookup.future.set_result(answer)
+                else:
+                    lookup.future.set_exception(failure)

@@ -80,10 +80,13 @@ class UnsafeUrl(Exception):
     """A URL we refuse to send to; `code` is invalid_url, internal_url, unresolvable or
     lookup_timeout (the resolver did not answer in the time it was given)."""
 
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: str, message: str, detail: str | None = None) -> None:
         super().__init__(f"{code}: {message}")
         self.code = code
         self.message = message
+        # What a refusal at delivery time records (the failure's error_detail): the refused address
+        # and the rule for an internal one, the resolver's own words for a name that does not resolve.
+        self.detail = detail or message
 
 
 @dataclass(frozen=True)
@@ -106,9 +109,9 @@ def system_resolver(host: str) -> list[str]:
 
 
 def parse_networks(cidrs: Iterable[str]) -> tuple[Network, ...]:
-    """Parse PARTNER_WEBHOOK_ALLOWED_NETWORKS entries; raise ValueError naming a bad entry."""
+    """Parse a list of networks (PARTNER_WEBHOOK_ALLOWED_NETWORKS); raise ValueError naming a bad entry."""
     if isinstance(cidrs, str):  # iterating a string would parse it character by character
-        raise ValueError(f"allowed networks must be a list of CIDR strings, not {cidrs!r}")
+        raise ValueError(f"must be a JSON list of CIDR strings, not {cidrs!r}")
     networks = []
     for entry in cidrs:
         try:
@@ -116,17 +119,25 @@ def parse_networks(cidrs: Iterable[str]) -> tuple[Network, ...]:
                 raise TypeError
             networks.append(ip_network(entry))  # strict: host bits set is a typo, not intent
         except (TypeError, ValueError):
-            raise ValueError(f"invalid network in allowed networks: {entry!r}") from None
+            raise ValueError(f"invalid network {entry!r} (a CIDR such as 127.0.0.1/32)") from None
     return tuple(networks)
 
 
 def is_internal_address(ip: Address) -> bool:
     """True unless the address is globally routable, by the explicit tables."""
+    return blocking_rule(ip) is not None
+
+
+def blocking_rule(ip: Address) -> str | None:
+    """Which rule of the explicit tables refuses the address ("in 10.0.0.0/8"), or None if it is public."""
     if ip.version == 4:
-        return any(ip in net for net in BLOCKED_IPV4)
-    if any(ip in net for net in IPV4_EMBEDDING_IPV6):
-        return True
-    return ip not in GLOBAL_UNICAST_IPV6 or any(ip in net for net in BLOCKED_IPV6)
+        return next((f"in {net}" for net in BLOCKED_IPV4 if ip in net), None)
+    embedding = next((net for net in IPV4_EMBEDDING_IPV6 if ip in net), None)
+    if embedding is not None:
+        return f"in {embedding}, which carries an IPv4 address"
+    if ip not in GLOBAL_UNICAST_IPV6:
+        return f"outside {GLOBAL_UNICAST_IPV6}, the only IPv6 delivered to"
+    return next((f"in {net}" for net in BLOCKED_IPV6 if ip in net), None)
 
 
 def check_url(url: str, resolve: Resolver = system_resolver,
@@ -241,13 +252,17 @@ def _agreed_request_target(url: str, scheme: str, raw_host: str, bracketed: bool
 
 
 def _lookup(resolve: Resolver, host: str) -> Sequence[str]:
-    """Ask the resolver once; a failure to answer is unresolvable, no answer in time lookup_timeout."""
+    """Ask the resolver once; a failure to answer is unresolvable, no answer in time lookup_timeout.
+    Anything else the resolver raises (dns.LookupsBusy: no lookup could start) is no verdict on the
+    URL and reaches the caller as it is."""
     try:
         return resolve(host) or ()
     except TimeoutError:
         raise UnsafeUrl("lookup_timeout", f"URL host {host!r} did not resolve in time") from None
-    except (OSError, UnicodeError):  # getaddrinfo raises UnicodeError for some bad names
-        raise UnsafeUrl("unresolvable", f"URL host {host!r} does not resolve") from None
+    except (OSError, UnicodeError) as error:  # getaddrinfo raises UnicodeError for some bad names
+        said = getattr(error, "strerror", None) or type(error).__name__
+        raise UnsafeUrl("unresolvable", f"URL host {host!r} does not resolve",
+                        f"lookup of {host} failed: {said}") from None
 
 
 def _ip_or_none(text: object) -> Address | None:
@@ -269,8 +284,13 @@ def _vet(answers: Sequence[str], allowed_networks: Sequence[Network], host: str)
     """Return the answers as IP strings if every one is a public (or allowed) IP address."""
     ips = [_ip_or_none(answer) for answer in answers]
     valid = [ip for ip in ips if ip is not None]
-    if any(is_internal_address(ip) and not _is_allowed(ip, allowed_networks) for ip in valid):
-        raise UnsafeUrl("internal_url", f"URL host {host!r} is an internal address")
+    for ip in valid:
+        rule = blocking_rule(ip)
+        if rule is not None and not _is_allowed(ip, allowed_networks):
+            named = "" if str(ip) == host else f" ({host})"
+            raise UnsafeUrl("internal_url", f"URL host {host!r} is an internal address",
+                            f"{ip}{named} is {rule}: an internal address, never delivered to")
     if not valid or len(valid) != len(ips):
-        raise UnsafeUrl("unresolvable", f"URL host {host!r} does not resolve to IP addresses")
+        raise UnsafeUrl("unresolvable", f"URL host {host!r} does not resolve to IP addresses",
+                        f"lookup of {host} returned no usable IP address")
     return tuple(dict.fromkeys(str(ip) for ip in valid))

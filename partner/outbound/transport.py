@@ -32,13 +32,14 @@ from __future__ import annotations
 import ipaddress
 import ssl
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from urllib3 import BaseHTTPResponse, HTTPConnectionPool, Timeout
 from urllib3.exceptions import ConnectTimeoutError, HTTPError
 
-from partner import outside_text
+from partner import safe_text
+from partner.outbound import causes
 from partner.outbound.connections import attempt, client_tls_context, partner_pools
 from partner.outbound.ssrf import SCHEMES, Target
 
@@ -55,8 +56,9 @@ class AttemptResult:
     ok: bool  # True only for a 2xx received completely within the deadline
     http_status: int | None  # None when no status line came
     error: str | None  # None, "http_status", "timeout", "connection_error", "tls_error" or "redirect"
-    response_excerpt: str  # the body's start, cut by outside_text.excerpt (EXCERPT_BYTES once encoded)
+    response_excerpt: str  # the body's start, cut by safe_text.excerpt (EXCERPT_BYTES once encoded)
     duration_ms: int
+    error_detail: str | None = None  # a failure's cause in words (causes.py); None for http_status
 
 
 class Deadline:
@@ -68,6 +70,7 @@ class Deadline:
     def __init__(self, seconds: float, clock: Callable[[], float] = time.monotonic) -> None:
         if seconds <= 0:
             raise ValueError("timeout must be positive")
+        self.seconds = seconds
         self._clock = clock
         self._started_at = clock()
         self._ends_at = time.monotonic() + seconds
@@ -89,6 +92,8 @@ class Deadline:
 class _Reply:
     status: int | None = None
     body: bytearray = field(default_factory=bytearray)
+    location: str | None = None  # a redirect's
+    address: str | None = None  # the one dialled last
 
 
 class Transport:
@@ -112,24 +117,33 @@ class Transport:
         * Deadline reached: error "timeout", with `http_status` set when the status line had
           already arrived (the body had not finished), else None.
         * Refused, reset, cut short: "connection_error"; handshake or certificate: "tls_error".
+
+        Every failure but "http_status" says its cause in `error_detail` (causes.py).
         """
         addresses = _parse_addresses(target)
         headers = {**headers, "Host": _host_header(target), "Accept-Encoding": "identity"}
         reply = _Reply()
-        attempt.deadline = deadline
+        attempt.deadline, attempt.phase = deadline, "connect"
+        detail = None
         try:
             self._exchange(target, addresses, body, headers, deadline, reply)
             error = _status_error(reply.status)
+            if error == "redirect":
+                detail = causes.of_redirect(reply.status, reply.location)
         except _NETWORK_ERRORS as failure:
             error = _classify(failure, deadline)
+            phase = "body" if reply.status is not None else attempt.phase
+            detail = (causes.of_timeout(deadline.seconds, phase, len(reply.body)) if error == "timeout"
+                      else causes.of_failure(failure, phase, reply.address, target.port))
         finally:
             attempt.deadline = None
         return AttemptResult(
             ok=error is None,
             http_status=reply.status,
             error=error,
-            response_excerpt=outside_text.excerpt(reply.body),
+            response_excerpt=safe_text.excerpt(reply.body),
             duration_ms=deadline.elapsed_ms(),
+            error_detail=detail,
         )
 
     def _exchange(self, target: Target, addresses: tuple[str, ...], body: bytes,
@@ -149,14 +163,14 @@ class Transport:
         pool = self.pools.connection_from_host(address, target.port, target.scheme,
                                                pool_kwargs={"server_hostname": target.host})
         timeout = Timeout(connect=connect_seconds, read=None)  # reads: the deadline socket's
-        attempt.dialled = False
+        attempt.dialled, reply.address = False, address
         try:
             return _round_trip(pool, target.request_target, body, headers, timeout, reply)
         except _NETWORK_ERRORS as failure:
             if (attempt.dialled or reply.status is not None or deadline.has_passed()
                     or not _caused_by(failure, _DROPPED_WHILE_IDLE)):
                 raise
-        attempt.refuse_idle = True
+        attempt.refuse_idle, attempt.phase = True, "connect"
         try:
             _round_trip(pool, target.request_target, body, headers, timeout, reply)
         finally:
@@ -170,7 +184,7 @@ def _round_trip(pool: HTTPConnectionPool, request_target: str, body: bytes, head
     response = pool.urlopen("POST", request_target, body=body, headers=headers, timeout=timeout,
                             redirect=False, preload_content=False, decode_content=False,
                             release_conn=False)
-    reply.status = response.status
+    reply.status, reply.location = response.status, response.headers.get("Location")
     ended = False
     try:
         ended = _read_capped(response, reply.body)
@@ -216,16 +230,8 @@ def _status_error(status: int | None) -> str | None:
     return "http_status"
 
 
-def _causes(failure: BaseException) -> Iterator[BaseException]:
-    """The failure and what it wraps: urllib3 raises its own errors around the socket's."""
-    seen: BaseException | None = failure
-    while seen is not None:
-        yield seen
-        seen = seen.__cause__ or seen.__context__
-
-
 def _caused_by(failure: BaseException, kinds: tuple[type[BaseException], ...]) -> bool:
-    return any(isinstance(cause, kinds) for cause in _causes(failure))
+    return any(isinstance(cause, kinds) for cause in causes.chain(failure))
 
 
 def _classify(failure: BaseException, deadline: Deadline) -> str:

@@ -2,7 +2,7 @@
 versions existed, to the baseline every later migration starts from (1.0 lacked one index)."""
 from pathlib import Path
 
-from partner.migrations import schema_statements
+from partner.store.migrations import schema_statements
 
 
 def up(migrator, db):

@@ -2,8 +2,10 @@
 
 An outage is logged as an operator wants to read it: one ERROR when it starts failing (or fails in a
 new way), one line when it works again, and nothing per request or per poll between. The database's
-outage ends when a write commits (`watch_commit`), not when a read answers: reads go on through a
-full disk or a lock held from outside.
+outage ends when a write commits (`watch_commit`), or when a probe that writes nothing goes through
+(`probe_answered`: /readyz and the scrape ask for one during an outage), so that it ends by itself
+with or without a scheduler. Not when a partner's read answers: reads go on through a full disk or a
+lock held from outside.
 """
 
 import logging
@@ -15,7 +17,16 @@ import psycopg2
 from peewee import InterfaceError, OperationalError, SqliteDatabase
 from playhouse.pool import MaxConnectionsExceeded
 
-from models import db
+from partner.store.connection import db
+
+
+def open_hint(url: str) -> str:
+    """What to check, on the database's own backend, when the database at `url` cannot be opened."""
+    if url.startswith("sqlite"):
+        return ("SQLite: its folder must exist, writable by the service's user, with free room for the "
+                "-wal and -shm files")
+    return ("PostgreSQL: check that the server is up, reachable from this host, and takes the URL's user "
+            "and password")
 
 
 def describe(error: BaseException) -> str:
@@ -111,10 +122,33 @@ def database_failed(error: BaseException) -> None:
     if is_conflict(error):
         log.warning("transaction rolled back by the database, nothing changed (%s)", describe(error))
         return
-    database_outage.failed(error)
+    database_outage.failed(_failure_behind(error))
     close_idle = getattr(db.obj, "close_idle", None)
     if close_idle:
         close_idle()
+
+
+def _failure_behind(error: BaseException) -> BaseException:
+    """The failure that `error` stands for. A failed wait on PostgreSQL closes its connection, and
+    the ROLLBACK that follows fails with "connection already closed" (InterfaceError): the outage is
+    the first failure, not the second."""
+    cause = error.__context__ if isinstance(error, InterfaceError) else None
+    while cause is not None and not (isinstance(cause, OperationalError) and is_unavailable(cause)):
+        cause = cause.__context__
+    return cause or error
+
+
+# Failures a probe that writes nothing cannot disprove: SQLite begins a transaction on a full disk
+# (the commit fails), PostgreSQL answers reads. Only a committed write ends these (watch_commit).
+_ENDED_BY_A_COMMIT = ("full", "space", "disk i/o")
+
+
+def probe_answered() -> None:
+    """A probe that writes nothing went through (PostgreSQL answered; SQLite's write lock was had and
+    let go): end the database's outage, unless only a commit can prove it over."""
+    failure = database_outage.failure
+    if failure and not any(word in failure.lower() for word in _ENDED_BY_A_COMMIT):
+        database_outage.recovered()
 
 
 @contextmanager

@@ -12,7 +12,6 @@ from prometheus_client import (CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry,
                                disable_created_metrics, generate_latest, multiprocess)
 from prometheus_client.core import GaugeMetricFamily
 
-from partner.backlog import Backlog
 
 disable_created_metrics()  # the `_created` twin of every series only doubles the scrape
 # Whether counts live in files every worker writes (under gunicorn), decided at import, as
@@ -60,7 +59,7 @@ def count_attempt(event: str, outcome: str, seconds: float) -> None:
     ATTEMPT_DURATION.labels(outcome).observe(seconds)
 
 
-def exposition(backlog: Backlog | None, now_ms: int) -> tuple[bytes, str]:
+def exposition(backlog, now_ms: int) -> tuple[bytes, str]:
     """The scrape body and its content type: every process's counters, then the backlog gauges
     read from the database just now (left out when it did not answer: partner_database_up is 0)."""
     return generate_latest(_counters()) + generate_latest(_gauges(backlog, now_ms)), CONTENT_TYPE_LATEST
@@ -75,7 +74,7 @@ def _counters():
 
 
 class _Gauges:
-    def __init__(self, backlog: Backlog | None, now_ms: int):
+    def __init__(self, backlog, now_ms: int):
         self.backlog, self.now_ms = backlog, now_ms
 
     def collect(self):
@@ -90,7 +89,7 @@ class _Gauges:
                                 value=self.backlog.oldest_due_seconds(self.now_ms))
 
 
-def _gauges(backlog: Backlog | None, now_ms: int) -> CollectorRegistry:
+def _gauges(backlog, now_ms: int) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Gauges(backlog, now_ms))
     return registry

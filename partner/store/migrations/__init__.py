@@ -12,7 +12,6 @@ and the scrub after a migration that removes secrets, owed until it is done.
 
 import itertools
 import logging
-import math
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -21,10 +20,10 @@ from pathlib import Path
 from peewee import OperationalError, PostgresqlDatabase
 from playhouse.migrations import Runner
 
-from partner import writers
+from partner.store import postgres
 
 DIRECTORY = Path(__file__).parent
-SCHEMA_PATH = DIRECTORY.parent.parent / "schema.sql"
+SCHEMA_PATH = DIRECTORY.parents[2] / "schema.sql"
 HISTORY_TABLE = "schema_migration"
 BASELINE_TABLE = "organization"  # present in every database any release made
 # Any constant: the PostgreSQL advisory lock held by the one process that migrates.
@@ -34,6 +33,8 @@ MIGRATION_LOCK_ID = 0x7061727472
 # service's transaction always gives way first: the service's transaction is never the one cancelled.
 LOCK_TIMEOUT = "200ms"
 LOCK_RETRIES = 50
+# SQLite: the pause before trying the write lock again, after a busy timeout spent waiting for it.
+SQLITE_LOCK_PAUSE = 0.1
 # The `setting` that says a scrub is owed, valued with the migrations that owe it: written in their
 # transaction, deleted only once the scrub is done. One cut short (a full disk, a crash, a kill)
 # runs again at the next start or `flask db upgrade`: their COMMIT leaves nothing else pending.
@@ -93,27 +94,48 @@ def status(database) -> SchemaStatus:
                         empty=empty, scrub_owed=[] if empty else _scrub_owed(database))
 
 
+def status_of_nothing() -> SchemaStatus:
+    """The status of a database not made yet (a SQLite file that does not exist)."""
+    known = names()
+    return SchemaStatus(version=0, latest=number(known[-1]), pending=known, empty=True)
+
+
 def upgrade(database) -> list[str]:
     """Apply pending migrations, then any scrub owed, one process at a time; the names applied (none
     when up to date: then no DDL runs and no database lock is taken). Raises SchemaTooNew, having
     written nothing.
 
-    The others wait as long as that takes: on a large file the migrations and the scrub take
-    minutes, and a gunicorn worker that gave up would fail to boot, which stops every worker (the
-    migrating one too); PostgreSQL's advisory lock waits without a bound as well. On SQLite they
-    wait for the writers' turn before they connect: the first to open a new file switches it to
-    WAL, which fails at once ("database is locked") while another process is doing the same."""
-    sqlite_file = None if isinstance(database, PostgresqlDatabase) else database.database
-    with writers.turn(sqlite_file, wait=math.inf), database.connection_context():
-        before = _check(status(database))
-        if before.is_up_to_date:
-            return []
-        with _migration_lock(database):
-            locked = _on_postgresql if isinstance(database, PostgresqlDatabase) else _on_sqlite
-            applied = locked(database, lambda: _apply(database)) if before.pending else []
-            if _scrub_owed(database):
-                scrub(database)
-        return applied
+    Another process's migrations are waited for as long as they take: on a large file the migrations
+    and the scrub take minutes, and a start that gave up would stop the service. PostgreSQL's advisory
+    lock waits without a bound; on SQLite the write lock is tried again after each busy timeout (the
+    first connection to a new file switches it to WAL, which fails at once while another process is
+    doing the same), saying once in the log what it waits for."""
+    if isinstance(database, PostgresqlDatabase):  # a migration, or another's lock on it, takes what it takes
+        database = postgres.unbounded(database)
+    waited = False
+    while True:
+        try:
+            with database.connection_context():
+                return _upgrade(database)
+        except OperationalError as error:
+            if isinstance(database, PostgresqlDatabase) or str(error) != "database is locked":  # SQLite's own
+                raise
+            if not waited:
+                log.warning("migrations wait for the database's write lock, held by another process")
+                waited = True
+            time.sleep(SQLITE_LOCK_PAUSE)
+
+
+def _upgrade(database) -> list[str]:
+    before = _check(status(database))
+    if before.is_up_to_date:
+        return []
+    with _migration_lock(database):
+        locked = _on_postgresql if isinstance(database, PostgresqlDatabase) else _on_sqlite
+        applied = locked(database, lambda: _apply(database)) if before.pending else []
+        if _scrub_owed(database):
+            scrub(database)
+    return applied
 
 
 def scrub(database) -> None:
@@ -199,8 +221,8 @@ def _on_postgresql(database, apply) -> list[str]:
 
 @contextmanager
 def _migration_lock(database):
-    """PostgreSQL: the advisory lock, held while this process migrates and scrubs. (On SQLite,
-    upgrade holds the writers' turn.)"""
+    """PostgreSQL: the advisory lock, held while this process migrates and scrubs. (On SQLite, the
+    migrations' BEGIN IMMEDIATE holds the write lock.)"""
     if not isinstance(database, PostgresqlDatabase):
         yield
         return

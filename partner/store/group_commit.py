@@ -17,8 +17,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from models import db
-from partner.availability import is_unavailable
+from partner.store.connection import db
+from partner.store.availability import is_unavailable
 
 
 class _Queued:

@@ -8,15 +8,15 @@ from contextlib import contextmanager
 
 from peewee import OperationalError
 
-from models import db
-from partner import availability, writers
-from partner.availability import is_sqlite
+from partner.store import availability
+from partner.store.availability import is_sqlite
+from partner.store.connection import db
 
 _ALPHANUMERIC = string.ascii_letters + string.digits
 
-# SQLite allows one writer. Writers of this process queue on this lock instead of in SQLite's busy
-# handler, which sleeps in steps of 1 to 100 ms and starves a busy process; the writers of other
-# processes then take turns on a lock file (writers.py). Re-entrant, so write transactions nest.
+# SQLite allows one writer. Writers of this process (SQLite is served by one) queue on this lock
+# instead of in SQLite's busy handler, which sleeps in steps of 1 to 100 ms and starves a busy
+# process. Re-entrant, so write transactions nest.
 _SQLITE_WRITER = threading.RLock()
 # How long a writer waits for that lock before giving up (503). Unbounded, writers queued behind a
 # database locked from outside held every request thread, and a GET waited ~15 s for a free thread
@@ -58,8 +58,8 @@ def write_transaction(durable: bool = True):
 
 @contextmanager
 def _writer_turn():
-    """On SQLite, this process's turn at the one writer: first among its threads, then among
-    processes (writers.py). Nothing to take on PostgreSQL."""
+    """On SQLite, this thread's turn at the one writer among this process's threads. Nothing to take
+    on PostgreSQL."""
     if not is_sqlite():
         yield
         return
@@ -69,8 +69,7 @@ def _writer_turn():
     if not _SQLITE_WRITER.acquire(timeout=WRITER_WAIT_SECONDS):
         raise availability.DatabaseBusy(f"another write held the database for over {WRITER_WAIT_SECONDS} s")
     try:
-        with writers.turn(db.database):  # other processes' writers, in turn
-            yield
+        yield
     finally:
         _SQLITE_WRITER.release()
 

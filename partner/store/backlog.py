@@ -6,23 +6,27 @@ lease expired (their attempt died). An attempt in flight under a live lease is n
 """
 
 import logging
-import math
-import os
 import sqlite3
-import urllib.parse
 from contextlib import closing
 from dataclasses import dataclass
 
 import psycopg2
 from peewee import SqliteDatabase
 
-from models import OPEN_CONDITION, db
+from models import LIVE_CONDITION, OPEN_CONDITION
+from partner.store import postgres
+from partner.store.backup import file_uri
+from partner.store.connection import db
 
 log = logging.getLogger(__name__)
 
 # The WHERE clause repeats the delivery_due_at partial index's own condition word for word, so
 # the count walks that index (open deliveries only), however many finished rows the table holds.
-_DUE = f"SELECT COUNT(*), MIN(due_at) FROM delivery WHERE {OPEN_CONDITION} AND due_at <= {{p}}"
+# A deleted subscription's deliveries are no backlog: nothing will send them; the purge removes them.
+_DUE = (f"SELECT COUNT(*), MIN(due_at) FROM delivery WHERE {OPEN_CONDITION} AND due_at <= {{p}} "
+        f"AND {LIVE_CONDITION}")
+# How long the write-lock probe waits for SQLite's lock: it asks whether a write could begin now.
+PROBE_LOCK_MS = 100
 
 
 class DatabaseUnavailable(Exception):
@@ -33,27 +37,46 @@ class DatabaseUnavailable(Exception):
 class Backlog:
     due: int
     oldest_due_at: int | None  # Unix ms
+    writable: bool | None = None  # what the probe found, when asked for one (read_backlog)
 
     def oldest_due_seconds(self, now_ms: int) -> float:
         return 0.0 if self.oldest_due_at is None else max(0, now_ms - self.oldest_due_at) / 1000
 
 
-def read_backlog(now_ms: int, timeout: float) -> Backlog:
+def read_backlog(now_ms: int, timeout: float, probe: bool = False) -> Backlog:
     """Count due deliveries within `timeout` seconds: a read, never a write, so that asking (a
     readiness probe, a scrape, a hammer of either) costs the database no commit. Raises
-    DatabaseUnavailable."""
+    DatabaseUnavailable. With `probe`, also find out whether a write could begin (`writable`)."""
     try:
         connection, p = _connect(db.obj, timeout)
         with closing(connection):
             cursor = connection.cursor()
             cursor.execute(_DUE.format(p=p), (now_ms,))
             row = cursor.fetchone()
+            writable = _write_lock_free(connection) if probe else None
     except (sqlite3.Error, psycopg2.Error) as error:
         # The driver's message may name the database host: it goes to the log, not to the caller.
         log.warning("database check failed: %s", _first_line(error))
         raise DatabaseUnavailable(f"the database could not be read within {timeout:g} s "
                                   f"({type(error).__name__})") from None
-    return Backlog(int(row[0]), None if row[1] is None else int(row[1]))
+    return Backlog(int(row[0]), None if row[1] is None else int(row[1]), writable)
+
+
+def _write_lock_free(connection) -> bool:
+    """Whether a write could begin now, found without writing. PostgreSQL: it answered the read,
+    and its writes need nothing more. SQLite: BEGIN IMMEDIATE takes the one write lock and ROLLBACK
+    lets it go, with nothing written (no page, no -wal frame, no commit for data_version to count),
+    and within PROBE_LOCK_MS: a lock held from outside (an operator's shell) fails it; one of this
+    service's own writes holds it for milliseconds."""
+    if not isinstance(connection, sqlite3.Connection):
+        return True
+    connection.execute(f"PRAGMA busy_timeout = {PROBE_LOCK_MS}")
+    try:
+        connection.execute("BEGIN IMMEDIATE")
+    except sqlite3.OperationalError:  # locked, or a file this process may not write
+        return False
+    connection.execute("ROLLBACK")
+    return True
 
 
 def _connect(database, timeout: float) -> tuple:
@@ -62,13 +85,9 @@ def _connect(database, timeout: float) -> tuple:
     if isinstance(database, SqliteDatabase):
         # `timeout` bounds the wait for a lock another connection holds; nothing else here can block.
         # mode=rw: a file that is gone is an error, not a new empty database made by asking.
-        uri = f"file:{urllib.parse.quote(os.path.abspath(database.database))}?mode=rw"
-        return sqlite3.connect(uri, uri=True, timeout=timeout, isolation_level=None), "?"
-    params = dict(database.connect_params)
-    # libpq bounds the whole connection set-up (whole seconds, at least 2); the server bounds each statement.
-    params["connect_timeout"] = max(2, math.ceil(timeout))
-    params["options"] = f"{params.get('options', '')} -c statement_timeout={int(timeout * 1000)}".strip()
-    return psycopg2.connect(dbname=database.database, **params), "%s"
+        return sqlite3.connect(file_uri(database.database, "rw"), uri=True, timeout=timeout,
+                               isolation_level=None), "?"
+    return psycopg2.connect(**postgres.own_connection(database, timeout)), "%s"
 
 
 def _first_line(error: Exception) -> str:

@@ -17,11 +17,13 @@ import os
 import secrets
 import sqlite3
 import time
+import urllib.parse
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from partner import migrations
+from partner.store import migrations
 from partner.errors import OperatorError
+from partner.private_files import keep_private
 
 POSTGRESQL_REFUSAL = ("the database is PostgreSQL: back it up with pg_dump -Fc and restore it with "
                       "pg_restore (docs/data.md)")
@@ -34,6 +36,12 @@ class Copy:
     path: str
     bytes: int
     version: int
+
+
+def file_uri(path: str, mode: str) -> str:
+    """SQLite's URI for the file at `path`, opened in `mode` ("ro", "rw"). Quoted: in a URI, `?`
+    and `#` end the path and `%` escapes, so "future#2.sqlite3" would otherwise open "future"."""
+    return f"file:{urllib.parse.quote(os.path.abspath(path))}?mode={mode}"
 
 
 def sqlite_path(url: str) -> str:
@@ -56,6 +64,8 @@ def hold_serving_lock(path: str) -> None:
 
 
 def backup(url: str, target: str) -> Copy:
+    """Copy the database to `target`, a new file readable by this user only."""
+    keep_private()
     source_path, target = sqlite_path(url), os.path.abspath(target)
     if os.path.exists(target):
         raise OperatorError(f"{target} exists: a backup never overwrites a file")
@@ -101,7 +111,7 @@ def _verified_version(path: str) -> int:
     if not os.path.isfile(path):
         raise OperatorError(f"{path} is not a file")
     try:
-        connection = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        connection = sqlite3.connect(file_uri(path, "ro"), uri=True)
         try:
             [(verdict,)] = connection.execute("PRAGMA integrity_check(1)").fetchall()
             versioned = connection.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
@@ -151,8 +161,10 @@ class Restored:
 
 def restore(url: str, source: str) -> Restored:
     """Put the verified copy at `source` in place of the database, moving the current file and its
-    -wal/-shm aside; refused while any process serves the database."""
+    -wal/-shm aside; refused while any process serves the database. The file put in place, and
+    those moved aside, are readable by this user only, whatever their mode was."""
     database_path, source = sqlite_path(url), os.path.abspath(source)
+    keep_private(database_path)
     version, latest = _verified_version(source), migrations.number(migrations.names()[-1])
     if version > latest:
         raise OperatorError(f"{source} has schema version {version}, newer than this code's {latest}")

@@ -1,0 +1,108 @@
+"""Dead letters as the operator sees them. Dead-lettering a subscription's open deliveries when it is
+disabled, and reporting every dead letter and auto-disable once the transaction that made it has
+committed: one WARNING line each (logger `delivery`, beside the attempts' lines) and the metrics.
+
+An auto-disable is one line naming how many deliveries it dead-lettered (the failing one and the
+subscription's other open ones), not a line per delivery; every other dead letter is a line of its
+own. `partner_deliveries_dead_lettered_total` counts each of them once: a delivery an auto-disable
+swept while its attempt was under way is not counted again when that attempt fails.
+"""
+
+import logging
+from dataclasses import dataclass
+
+from models import SQL_CONDITIONS, Delivery, Organization, Subscription
+from partner.store.sql import run_sql, select_rows
+from partner.telemetry import metrics
+
+log = logging.getLogger("delivery")
+
+# A swept pending delivery will not be attempted again: its last failure record says so.
+_NO_NEXT_ATTEMPT = ("UPDATE failure SET next_attempt_at = NULL WHERE next_attempt_at IS NOT NULL AND event_id IN "
+                    "(SELECT event_id FROM delivery WHERE subscription_id = {p} AND state = {p}) "
+                    "AND attempted_at = (SELECT MAX(f.attempted_at) FROM failure AS f WHERE f.event_id = failure.event_id)")
+_SWEEP = ("UPDATE delivery SET state = {p}, due_at = NULL WHERE subscription_id = {p} AND {open} "
+          "AND event_id <> {p} RETURNING event_id, attempts")
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    event_id: str
+    subscription_id: str
+    organization: str
+    attempts: int
+    reason: str  # retries_exhausted, not_recorded, or subscription_disabled (found queued for a disabled one)
+
+
+@dataclass(frozen=True)
+class AutoDisable:
+    subscription_id: str
+    organization: str
+    threshold: int
+    event_id: str  # the delivery whose failure reached the threshold, dead-lettered with the others
+    swept: int  # the subscription's other open deliveries it dead-lettered
+
+
+def after_failure(claim, error: str, auto_disable: bool, active: bool, now_ms: int, threshold: int) -> list:
+    """What a failed attempt of `claim` (an outbox.Claim) after which no attempt follows dead-letters,
+    to report: an auto-disable (the subscription disabled at `now_ms`, its other open deliveries
+    dead-lettered), or this delivery alone, or nothing new when a disable dead-lettered it while its
+    attempt was under way. `active`: the subscription's state before this failure. The caller
+    finishes the failing delivery. Call inside a write transaction."""
+    if not active and _is_dead(claim.event_id):
+        return []
+    organization = _organization_of(claim.subscription_id)
+    if auto_disable:
+        Subscription.update(active=False, auto_disabled_at=now_ms).where(Subscription.id == claim.subscription_id).execute()
+        swept = _dead_letter_open(claim.subscription_id, except_event_id=claim.event_id)
+        return [AutoDisable(claim.subscription_id, organization, threshold, claim.event_id, len(swept))]
+    reason = "not_recorded" if error == "not_recorded" else "retries_exhausted" if active else "subscription_disabled"
+    return [DeadLetter(claim.event_id, claim.subscription_id, organization, claim.attempt, reason)]
+
+
+def of_disabled(subscription_id: str, dead: list[dict]) -> list:
+    """Dead-letter a disabled subscription's open deliveries, found queued by a claim which dead-lettered
+    `dead` (rows with event_id and attempts) already; every one of them, to report. Call inside a
+    write transaction."""
+    organization = _organization_of(subscription_id)
+    return [DeadLetter(row["event_id"], subscription_id, organization, row["attempts"], "subscription_disabled")
+            for row in [*dead, *_dead_letter_open(subscription_id)]]
+
+
+def _dead_letter_open(subscription_id: str, except_event_id: str = "") -> list[dict]:
+    """Dead-letter the subscription's open deliveries (but one); each one's event_id and attempts.
+    In-flight ones keep their lease token, so an attempt still running records its outcome, while
+    one whose process died is never claimed again."""
+    run_sql(_NO_NEXT_ATTEMPT, (subscription_id, Delivery.PENDING))
+    return select_rows(_SWEEP, (Delivery.DEAD, subscription_id, except_event_id), **SQL_CONDITIONS)
+
+
+def _is_dead(event_id: str) -> bool:
+    return Delivery.select().where((Delivery.event == event_id) & (Delivery.state == Delivery.DEAD)).exists()
+
+
+def _organization_of(subscription_id: str) -> str:
+    return (Organization.select(Organization.slug).join(Subscription, on=Subscription.organization == Organization.id)
+            .where(Subscription.id == subscription_id).scalar())
+
+
+def report(made: list) -> None:
+    """Log and count the dead letters and auto-disables (DeadLetter, AutoDisable) of a committed transaction."""
+    for item in made:
+        if isinstance(item, AutoDisable):
+            metrics.AUTO_DISABLED.inc()
+            metrics.DEAD_LETTERED.inc(1 + item.swept)
+            fields = {"subscription_id": item.subscription_id, "organization": item.organization,
+                      "threshold": item.threshold, "event_id": item.event_id, "dead_lettered": 1 + item.swept,
+                      "swept": item.swept}
+            log.warning("auto-disabled subscription=%(subscription_id)s organization=%(organization)s "
+                        "threshold=%(threshold)d event=%(event_id)s dead_lettered=%(dead_lettered)d (the failing "
+                        "delivery and %(swept)d open ones); `flask webhooks enable %(subscription_id)s` re-enables it",
+                        fields, extra=fields)
+        else:
+            metrics.DEAD_LETTERED.inc()
+            fields = {"event_id": item.event_id, "subscription_id": item.subscription_id,
+                      "organization": item.organization, "attempts": item.attempts, "reason": item.reason}
+            log.warning("dead-lettered event=%(event_id)s subscription=%(subscription_id)s "
+                        "organization=%(organization)s attempts=%(attempts)d reason=%(reason)s; "
+                        "`flask deliveries show %(event_id)s` says why", fields, extra=fields)

@@ -1,0 +1,48 @@
+"""Text from outside (response bodies, partner input) made safe to store on every backend.
+
+PostgreSQL refuses NUL in text; other C0 controls are harmless to store but break logs and terminals
+of whoever reads them. A label a partner writes and pages show (a description) must also be shown
+as it is stored: no C1 control (U+009B starts a terminal escape, U+0085 breaks a line) and no bidi
+control, which makes a page show its text in another order (Trojan Source). One rule for all of it, here.
+"""
+
+import unicodedata
+
+EXCERPT_BYTES = 1024
+REPLACEMENT = "\ufffd"
+# C0 controls other than tab and newline.
+_CONTROLS = {code: REPLACEMENT for code in range(0x20) if chr(code) not in "\t\n"}
+# Unicode's Bidi_Control characters: the contract's marks, embeddings, overrides and isolates, and
+# the Arabic letter mark, which acts as one.
+BIDI_CONTROLS = frozenset([0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A)])
+_NOT_IN_A_LABEL = frozenset(_CONTROLS) | frozenset(range(0x7F, 0xA0)) | BIDI_CONTROLS  # DEL and C1 too
+
+
+def clean(text: str) -> str:
+    """`text` with NUL and every C0 control other than tab and newline replaced by U+FFFD."""
+    return text.translate(_CONTROLS)
+
+
+def has_controls(text: str) -> bool:
+    """Whether `clean` would change `text`."""
+    return any(ord(ch) in _CONTROLS for ch in text)
+
+
+def unfit_for_a_label(text: str) -> str | None:
+    """The first character of `text` a label must not hold (a control but tab and newline, a bidi
+    control), or None."""
+    return next((ch for ch in text if ord(ch) in _NOT_IN_A_LABEL), None)
+
+
+def character_name(ch: str) -> str:
+    """`U+202E RIGHT-TO-LEFT OVERRIDE`; a control character has a code point only (`U+0085`)."""
+    name = unicodedata.name(ch, "")
+    return f"U+{ord(ch):04X} {name}" if name else f"U+{ord(ch):04X}"
+
+
+def excerpt(body: bytes, limit: int = EXCERPT_BYTES) -> str:
+    """The start of a response body as clean text of at most `limit` bytes once encoded as UTF-8,
+    cut on a character boundary (invalid bytes become U+FFFD, three bytes each, so decoding
+    `limit` bytes alone is not enough)."""
+    text = clean(bytes(body[:limit]).decode("utf-8", errors="replace"))
+    return text.encode()[:limit].decode("utf-8", errors="ignore")
