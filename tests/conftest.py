@@ -40,10 +40,10 @@ def clock(request):
 
 @pytest.fixture
 def brief_busy_timeout(request, monkeypatch):
-    """SQLite's busy timeout (5 s in the product) at the test module's BUSY_TIMEOUT_MS, else 200 ms,
-    for tests of a file locked from outside: each write they try waits it out. Ask for it before
-    the app (connections take it when opened)."""
-    monkeypatch.setitem(SQLITE_PRAGMAS, "busy_timeout", getattr(request.module, "BUSY_TIMEOUT_MS", 200))
+    """SQLite's busy timeout (5 s in the product) at 200 ms, or the milliseconds a test parametrizes
+    it with (indirect), for tests of a file locked from outside: each write they try waits it out.
+    Ask for it before the app (connections take it when opened)."""
+    monkeypatch.setitem(SQLITE_PRAGMAS, "busy_timeout", getattr(request, "param", 200))
 
 
 @pytest.fixture
