@@ -15,7 +15,6 @@ import logging
 import os
 import sqlite3
 import subprocess
-import time
 
 import pytest
 
@@ -24,7 +23,8 @@ from partner.errors import StartRefused
 from partner.telemetry.logs import database_name
 from tests.contract import ContractClient
 from tests.receivers import Receiver
-from tests.support import ME, PUBLIC_URL, WEBHOOKS, assert_problem, assert_unavailable, bearer, json_of
+from tests.support import (ME, PUBLIC_URL, WEBHOOKS, assert_problem, assert_unavailable, bearer, counting_scans,
+                           eventually, json_of)
 
 DISK_BYTES = 4 * 2**20
 
@@ -86,6 +86,7 @@ def test_a_full_disk_is_503_for_writes_reads_served_logged_once_and_the_same_pro
         app, client, auth, disk, database_url, caplog):
     receiver = Receiver().start()
     dispatcher = app.extensions["delivery"]
+    scans = counting_scans(dispatcher)
     try:
         subscription = json_of(client.post(WEBHOOKS, json={"url": receiver.url}, headers=auth), 201)
         acknowledged = json_of(client.post(f"{WEBHOOKS}/{subscription['id']}/test",
@@ -107,7 +108,7 @@ def test_a_full_disk_is_503_for_writes_reads_served_logged_once_and_the_same_pro
         assert json_of(client.get(f"{WEBHOOKS}/{subscription['id']}/failures", headers=auth), 200)["data"] == []
         detail = assert_problem(client.get("/readyz"), 503, "not_ready")["detail"]
         assert detail.startswith("database: the database cannot take a write"), detail
-        time.sleep(1.5)  # 30 polls' worth, had the scanner not backed off
+        assert eventually(lambda: len(scans) >= 30)  # 30 polls: 30 failures, had the scanner not backed off
         assert receiver.received == []
 
         disk.free()
