@@ -11,7 +11,6 @@ import shutil
 import signal
 import subprocess
 import tempfile
-import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +18,7 @@ from urllib.parse import quote
 
 import pytest
 
-from tests.support import free_port
+from tests.support import eventually, free_port
 
 INSTALL_HINT = "run scripts/test-services.sh to install it"
 DATABASE = "partner"  # the one database on the test server; each test has a schema in it
@@ -55,14 +54,11 @@ def stop_server(process: subprocess.Popen, watchdog: Watchdog | None) -> None:
 
 
 def wait_until(ready, process: subprocess.Popen, what: str, log: Path) -> None:
-    deadline = time.monotonic() + START_SECONDS
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            break
-        if ready():
-            return
-        time.sleep(0.05)
-    raise RuntimeError(f"{what} did not start:\n{log.read_text(errors='replace')[-2000:]}")
+    """Return once `ready()`; raise with the server's log if it exits first or is not ready in time."""
+    def ready_or_gone() -> bool:
+        return process.poll() is not None or ready()
+    if not eventually(ready_or_gone, START_SECONDS, pause=0.05) or process.poll() is not None:
+        raise RuntimeError(f"{what} did not start:\n{log.read_text(errors='replace')[-2000:]}")
 
 
 # --- Redis ----------------------------------------------------------------------------------------

@@ -309,15 +309,12 @@ def test_a_claim_cut_off_between_taking_and_reading_takes_nothing(organization):
 
 def waiting_for_a_lock() -> int:
     """The process id of the one PostgreSQL backend waiting for a lock, once it waits."""
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
+    def waiting() -> list:
         db.execute_sql("SELECT pg_stat_clear_snapshot()")  # else a transaction sees the same activity
-        rows = db.execute_sql("SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock'").fetchall()
-        if rows:
-            [(pid,)] = rows
-            return pid
-        time.sleep(0.01)
-    raise AssertionError("no backend waits for a lock")
+        return db.execute_sql("SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock'").fetchall()
+    assert eventually(waiting), "no backend waits for a lock"
+    [(pid,)] = waiting()
+    return pid
 
 
 def test_a_claim_that_fails_while_settling_takes_nothing(organization):
