@@ -89,6 +89,7 @@ def still_pending(database, events: set) -> set:
 @pytest.fixture
 def backed_up(server_env, tmp_path) -> str:
     """A backup of a database with a key in it."""
+    open_database(server_env["PARTNER_DATABASE_URL"]).close_all()  # as the service's first start makes it
     flask(server_env, "keys", "create", "--org", "acme")
     path = str(tmp_path / "backup.sqlite3")
     assert flask_db(server_env, "backup", path).returncode == 0

@@ -126,22 +126,24 @@ def test_a_full_disk_is_503_for_writes_reads_served_logged_once_and_the_same_pro
     assert failures_meanwhile - len(writes) <= 3, recovery  # the scanner's: 1 s, then 2 s apart
 
 
-def test_started_on_a_full_disk_it_says_so_once_and_serves_reads(config, disk, database_url, api_key, caplog):
-    """`api_key` was issued on the first app, which made the database; this is the restart."""
+def test_started_on_a_full_disk_it_starts_serves_reads_and_says_so_at_the_first_write(
+        config, disk, database_url, api_key, caplog):
+    """`api_key` was issued on the first app, which made the database; this is the restart. An
+    up-to-date database needs no write to start, so the full disk shows at the first write."""
     truncate_wal(database_url)
     disk.fill()
     with caplog.at_level(logging.INFO):
         app = started_app(config)
-    [line] = logged(caplog, "app", logging.ERROR)
-    assert line == (f"database {database_url} cannot take a write now (OperationalError: database or disk "
-                    "is full): API writes answer 503 and /readyz reports not ready until it can")
+    assert logged(caplog, "partner.startup", logging.ERROR) == []
     app.test_client_class = ContractClient
     client = app.test_client()
     assert client.get(ME, headers=bearer(api_key)).status_code == 200
-    assert_problem(client.get("/readyz"), 503, "not_ready")
     assert client.get("/healthz").status_code == 200
+    assert_unavailable(client.post(WEBHOOKS, json={"url": PUBLIC_URL}, headers=bearer(api_key)))
+    [line] = logged(caplog, "partner.store.availability", logging.ERROR)
+    assert line.startswith("database unavailable (OperationalError: database or disk is full)"), line
+    assert_problem(client.get("/readyz"), 503, "not_ready")
     disk.free()
-    assert_problem(client.get("/readyz"), 503, "not_ready")  # /readyz never writes to find out
     assert client.post(WEBHOOKS, json={"url": PUBLIC_URL}, headers=bearer(api_key)).status_code == 201
     assert client.get("/readyz").status_code == 200  # a committed write ended the outage
 
@@ -166,7 +168,7 @@ def test_a_database_nobody_holds_open_on_a_full_disk_cannot_be_opened_and_start_
     disk.fill()
     with pytest.raises(StartRefused):
         started_app(config)
-    [line] = logged(caplog, "app", logging.ERROR)
-    assert line == (f"database {database_url} cannot be opened (OperationalError: disk I/O error): the service "
+    [line] = logged(caplog, "partner.startup", logging.ERROR)
+    assert line == (f"database {database_url} cannot read its schema version (OperationalError: disk I/O error): the service "
                     "cannot start until it can (SQLite: its folder must exist, writable by the service's user, "
                     "with free room for the -wal and -shm files)")
