@@ -201,9 +201,12 @@ class PostgresServer:
         postmaster = int((self.root / "data" / "postmaster.pid").read_text().split()[0])
         os.kill(postmaster, signal.SIGSTOP)  # first: then it starts no process while the others stop
         self.frozen.append(postmaster)
-        for pid in children(postmaster):
-            os.kill(pid, signal.SIGSTOP)
-            self.frozen.append(pid)
+        # Again until none is left running: a backend forked just before the postmaster stopped may
+        # show in /proc only after the first look.
+        while running := [pid for pid in children(postmaster) if pid not in self.frozen]:
+            for pid in running:
+                os.kill(pid, signal.SIGSTOP)
+                self.frozen.append(pid)
 
     def thaw(self) -> None:
         for pid in self.frozen:
