@@ -7,7 +7,8 @@ on import or in create_app: gunicorn's post_worker_init hook calls `start()`.
 Dead endpoints must not starve healthy ones. An attempt to an endpoint that hangs holds its slot
 until the deadline, and before its first timeout nothing tells it from a slow healthy one. So the
 pool is large (DELIVERY_CONCURRENCY, default 64: a thread waiting on a socket costs little), a
-subscription has at most one attempt in flight, and subscriptions whose last attempt failed may
+subscription's attempts in flight are held to its limit (partner/concurrency.py: 1 until its
+receiver answers, and narrowed by every timeout), and subscriptions whose last attempt failed may
 hold at most half of the slots together: however many endpoints are dead, once they have failed
 once they leave the other half to the healthy ones.
 """
@@ -51,6 +52,9 @@ REFILL_BATCH = 8
 # finishes, so without this a backlog stays with whichever process holds it (bench/scale_out). A
 # scan that finds nothing writes nothing.
 RESCAN_SECONDS = 0.02
+# Runs of the scan job APScheduler may have under way at once: more than can ever be, since each run
+# that finds another under way returns at once (Dispatcher._scheduled_scan).
+JOB_INSTANCES = 100
 # While the database fails, scans wait this long, doubling up to the maximum (seconds).
 SCAN_BACKOFF_SECONDS, MAX_SCAN_BACKOFF_SECONDS = 1, 60
 # An outcome that could not be written is written again after these pauses (seconds), while the
@@ -71,6 +75,7 @@ class Dispatcher:
         self.timeout = config["DELIVERY_TIMEOUT"]
         self.policy = RetryPolicy(config["DELIVERY_RETRY_DELAYS"], config["AUTO_DISABLE_THRESHOLD"])
         self.concurrency = config["DELIVERY_CONCURRENCY"]
+        self.most_per_subscription = config["DELIVERY_MAX_PER_SUBSCRIPTION"]
         self.poll_interval = config["DELIVERY_POLL_INTERVAL"]
         self.enabled = config["SCHEDULER_ENABLED"]
         self.retention_days = config["RETENTION_DAYS"]
@@ -78,7 +83,7 @@ class Dispatcher:
         self.refill_at = max(1, min(REFILL_BATCH, self.concurrency // 2))
         self.random = random.Random()
         # Outcomes of attempts finishing together are written at once.
-        self.outcomes = GroupCommit(lambda outcomes: write_outcomes(outcomes, self.policy))
+        self.outcomes = GroupCommit(lambda outcomes: write_outcomes(outcomes, self.policy, self.most_per_subscription))
         # The record step and its pauses between tries: seams, so a test can make it fail every time.
         self.record, self.record_pauses = self.outcomes.run, RECORD_RETRY_SECONDS
         self._free_slots = self.concurrency
@@ -86,6 +91,9 @@ class Dispatcher:
         self._free_failing_slots = max(1, self.concurrency // 2)
         self._slots_lock = threading.Lock()
         self._scheduling_lock = threading.Lock()
+        self._job_lock = threading.Lock()  # guards the two flags below
+        self._job_running = False  # the scheduler's scan job is under way
+        self._job_again = False  # it was due again meanwhile: it scans once more before it ends
         self._pool: ThreadPoolExecutor | None = None
         self._scheduler: BackgroundScheduler | None = None
         self._stopping = threading.Event()
@@ -109,10 +117,10 @@ class Dispatcher:
         self._pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="delivery")
         with self._scheduling_lock:  # a scan that moves a job waits until every job is scheduled
             self._scheduler = BackgroundScheduler(timezone=timezone.utc)
-            # Two instances may overlap so that a wake() during a running scan is never skipped;
-            # overlapping scans are safe because claims are atomic and slots are reserved.
-            self._scheduler.add_job(self.scan, "interval", seconds=self.poll_interval, id=SCAN_JOB,
-                                    max_instances=2, coalesce=True, next_run_time=_utcnow())
+            # A run that finds another under way returns at once (_scheduled_scan): APScheduler's own
+            # limit, which drops a run with a warning each time, is set out of its reach.
+            self._scheduler.add_job(self._scheduled_scan, "interval", seconds=self.poll_interval, id=SCAN_JOB,
+                                    max_instances=JOB_INSTANCES, coalesce=True, next_run_time=_utcnow())
             retention.schedule(self._scheduler, self.clock, self.retention_days)
             self._scheduler.start()
         log.info("delivery scanner started: concurrency=%d poll_interval=%ss",
@@ -164,6 +172,29 @@ class Dispatcher:
 
     # --- scanning ------------------------------------------------------------------------------
 
+    def _scheduled_scan(self) -> None:
+        """The scheduler's scan job (a poll, a wake(), a retry falling due), one run at a time. A run
+        due while another is under way does not scan beside it: it asks that one to scan once more
+        before it ends, so a wake during a scan is never lost, and returns. Letting APScheduler refuse
+        the extra runs instead made it log a warning for each: about 30 a minute under steady pings."""
+        with self._job_lock:
+            if self._job_running:
+                self._job_again = True
+                return
+            self._job_running = True
+        try:
+            while True:
+                self.scan()
+                with self._job_lock:  # decided and marked together: a wake cannot fall between
+                    if not self._job_again:
+                        self._job_running = False
+                        return
+                    self._job_again = False
+        except BaseException:
+            with self._job_lock:
+                self._job_running = False
+            raise
+
     def scan(self) -> int:
         """Claim due deliveries into the free slots and start them; returns how many started."""
         if self._stopping.is_set() or time.monotonic() < self._next_scan_at:
@@ -178,7 +209,7 @@ class Dispatcher:
                 if database_outage.active:  # a claim of nothing writes nothing: prove writes commit
                     probe_write()
                 claims = claim_due(now_ms(self.clock), reserved, self.lease_ms, failing,
-                                   self.policy.auto_disable_threshold)
+                                   self.policy.auto_disable_threshold, self.most_per_subscription)
         except Exception as error:  # noqa: BLE001 - unavailability backs off, the rest re-raised
             self._back_off(error)
             return 0
@@ -244,7 +275,8 @@ class Dispatcher:
         done = 0
         while True:
             with db.connection_context():
-                claims = claim_due(now_ms(self.clock), 1, self.lease_ms, None, self.policy.auto_disable_threshold)
+                claims = claim_due(now_ms(self.clock), 1, self.lease_ms, None, self.policy.auto_disable_threshold,
+                                   self.most_per_subscription)
             if not claims:
                 return done
             self.attempt(claims[0])
@@ -292,7 +324,8 @@ class Dispatcher:
             result = self.sender.send(claim, attempted_at)
         except LookupsBusy as error:
             return self._put_off(claim, error)
-        outcome = Outcome(claim, result, attempted_at, now_ms(self.clock), self.random.uniform(0, MAX_JITTER))
+        outcome = Outcome(claim, result, attempted_at, now_ms(self.clock), self.random.uniform(0, MAX_JITTER),
+                          self.random.random())
         recorded = self._record(outcome)
         log_attempt(outcome, recorded)
         return recorded

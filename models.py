@@ -56,6 +56,10 @@ class Subscription(BaseModel):
     secret_key_id = TextField()
     secret_sealed = BytesField()
     deleted_at = BigIntegerField(null=True)
+    concurrency_limit = IntegerField(default=1, constraints=default("1"))
+    concurrency_ceiling = IntegerField(null=True)
+    concurrency_pin = IntegerField(null=True)
+    paused_until = BigIntegerField(null=True, index=True)
 
     class Meta:
         indexes = ((("organization", "created_at", "id"), False),)
@@ -103,6 +107,17 @@ LIVE_SUBSCRIPTION = ("SELECT 1 FROM subscription WHERE subscription.id = deliver
 LIVE_CONDITION = f"EXISTS ({LIVE_SUBSCRIPTION})"
 # The fragments above by the names the hand-written statements use: {open}, {in_flight}, {live}.
 SQL_CONDITIONS = {"open": OPEN_CONDITION, "in_flight": IN_FLIGHT_CONDITION, "live": LIVE_CONDITION}
+
+
+def allowance(alias: str) -> str:
+    """SQL: how many attempts the subscription row `alias` may have in flight now (partner/concurrency.py):
+    0 while a Retry-After hold lasts, else its pin or its adaptive limit, at most the most configured.
+    Its placeholders take (now_ms, most, most), in that order, within the statement it is part of."""
+    limit = f"COALESCE({alias}.concurrency_pin, {alias}.concurrency_limit)"
+    return (f"CASE WHEN {alias}.paused_until > {{p}} THEN 0 WHEN {limit} > {{p}} THEN {{p}} "
+            f"ELSE {limit} END")
+
+
 Delivery.add_index(ModelIndex(Delivery, (Delivery.due_at,), name="delivery_due_at").where(IS_OPEN))
 Delivery.add_index(ModelIndex(Delivery, (Delivery.subscription,), name="delivery_in_flight")
                    .where(IS_IN_FLIGHT))

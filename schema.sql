@@ -37,13 +37,23 @@ CREATE TABLE IF NOT EXISTS "subscription" (
     "secret_key_id" TEXT NOT NULL,
     "secret_sealed" BYTEA NOT NULL,
     "deleted_at" BIGINT,
+    "concurrency_limit" INTEGER NOT NULL DEFAULT 1,
+    "concurrency_ceiling" INTEGER,
+    "concurrency_pin" INTEGER,
+    "paused_until" BIGINT,
     FOREIGN KEY ("organization_id") REFERENCES "organization" ("id")
 );
 -- `deleted_at` is set when the partner deletes it: from then on it is hidden from every query and
 -- never claimed, and retention.purge_deleted removes it and its history in short batches.
+-- Attempts in flight to it at once (partner/concurrency.py): `concurrency_limit` adapts to what its
+-- receiver shows, `concurrency_ceiling` is the limit at which the receiver last pushed back (null:
+-- never), `concurrency_pin` the operator's fixed limit (null: adaptive), and `paused_until` the end
+-- of a hold the receiver asked for with Retry-After.
 -- Keyset pagination of an organization's subscriptions, oldest first.
 CREATE INDEX IF NOT EXISTS "subscription_organization_id_created_at_id"
     ON "subscription" ("organization_id", "created_at", "id");
+-- When the next hold ends: the scanner wakes then (claims.next_due_at).
+CREATE INDEX IF NOT EXISTS "subscription_paused_until" ON "subscription" ("paused_until");
 
 -- One envelope for one subscription, serialized once: every attempt sends these bytes.
 -- BYTEA is PostgreSQL's binary type; SQLite accepts the name and stores the bytes as a BLOB.
@@ -79,7 +89,7 @@ CREATE TABLE IF NOT EXISTS "delivery" (
 -- Only open deliveries are indexed, so finding due work ignores any number of finished ones.
 CREATE INDEX IF NOT EXISTS "delivery_due_at"
     ON "delivery" ("due_at") WHERE "state" IN ('pending', 'in_flight');
--- The few attempts in flight, by subscription: a subscription has at most one at a time.
+-- The few attempts in flight, by subscription: counted against each one's limit.
 CREATE INDEX IF NOT EXISTS "delivery_in_flight"
     ON "delivery" ("subscription_id") WHERE "state" = 'in_flight';
 -- Each subscription's open deliveries in claim order: its oldest due one, and which subscriptions

@@ -43,7 +43,7 @@ LOOPBACK = "127.0.0.1"
 API = "/api/v1/partner"
 BOOT_SECONDS = 20
 STOP_SECONDS = 15
-BIG_RATE_LIMIT = 100_000_000  # the per-organization budget would otherwise throttle the load
+BIG_RATE_LIMIT = 1_000_000  # the most a key may be given (keys.MAX_RATE_LIMIT): the budget would otherwise throttle the load
 
 
 def _exit_on_sigterm(signum, _frame):
@@ -260,6 +260,9 @@ class Receiver:
         self.tls = tls
         self.arrivals: dict[str, tuple[str, float]] = {}
         self.count = 0
+        # Every request: (event id, path, arrival, status answered, requests to its path prefix under way).
+        self.requests: list[tuple[str, str, float, int, int]] = []
+        self.delivered: dict[str, float] = {}  # event id: its first 2xx's arrival
         self._changed = threading.Condition()
         self.process: subprocess.Popen | None = None
 
@@ -280,15 +283,23 @@ class Receiver:
 
     def _read(self) -> None:
         for line in self.process.stdout:
-            event_id, path, at = line.decode().split()
+            event_id, path, at, status, under_way = line.decode().split()
             with self._changed:
                 self.arrivals.setdefault(event_id, (path, float(at)))  # the first arrival counts
+                self.requests.append((event_id, path, float(at), int(status), int(under_way)))
+                if 200 <= int(status) < 300:
+                    self.delivered.setdefault(event_id, float(at))
                 self.count += 1
                 self._changed.notify_all()
 
     def wait_for_count(self, count: int, timeout: float) -> bool:
         with self._changed:
             return self._changed.wait_for(lambda: self.count >= count, timeout)
+
+    def wait_for_delivered(self, count: int, timeout: float) -> bool:
+        """Whether `count` events have had a 2xx within `timeout` seconds."""
+        with self._changed:
+            return self._changed.wait_for(lambda: len(self.delivered) >= count, timeout)
 
     def wait_for_event(self, event_id: str, timeout: float) -> float | None:
         """The arrival time (monotonic) of the event, or None if it did not come in time."""
@@ -300,6 +311,8 @@ class Receiver:
     def reset(self) -> None:
         with self._changed:
             self.arrivals.clear()
+            self.requests.clear()
+            self.delivered.clear()
             self.count = 0
 
     def stop(self) -> None:
@@ -439,17 +452,7 @@ def drain_backlog(tmp: Path, receiver: "Receiver", events: int, name: str, env: 
     receiver.reset()
     with ExitStack() as running:
         started = [Service(tmp, env, app=app, name=f"{slug(name)}-{n}", database=database) for n in range(services)]
-        for service in started:
-            running.callback(service.stop)
-            service.start(wait=False)
-        for service in started:
-            service.wait_until_serving()
-        workers = [pid for service in started for pid in child_pids(service.process.pid)]
-        deadline = time.monotonic() + BOOT_SECONDS
-        while sum(service.scanners_started() for service in started) < len(workers):
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{name}: not every worker started its scanner in {BOOT_SECONDS} s")
-            time.sleep(0.005)
+        workers = start_scanning(started, running, name)
         scanning_from = time.monotonic()  # the receiver stamps arrivals on the same system-wide clock
         cpu_before = sum(cpu_seconds(pid) for pid in workers)
         with profiled(started[0], slug(name)) if len(workers) == 1 else nullcontext():
@@ -459,6 +462,23 @@ def drain_backlog(tmp: Path, receiver: "Receiver", events: int, name: str, env: 
         cpu = sum(cpu_seconds(pid) for pid in workers) - cpu_before
     arrivals = [at for _, at in receiver.arrivals.values() if at >= scanning_from]
     return (len(arrivals) - 1) / (max(arrivals) - min(arrivals)), cpu * 1000 / len(arrivals)
+
+
+def start_scanning(services: list[Service], running: ExitStack, name: str) -> list[int]:
+    """Start the services together (each stopped when `running` closes) and return their workers'
+    pids once every worker's scanner runs."""
+    for service in services:
+        running.callback(service.stop)
+        service.start(wait=False)
+    for service in services:
+        service.wait_until_serving()
+    workers = [pid for service in services for pid in child_pids(service.process.pid)]
+    deadline = time.monotonic() + BOOT_SECONDS
+    while sum(service.scanners_started() for service in services) < len(workers):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{name}: not every worker started its scanner in {BOOT_SECONDS} s")
+        time.sleep(0.005)
+    return workers
 
 
 Pair = tuple[float, float]  # a drain's rate and worker CPU per delivery
@@ -486,6 +506,26 @@ def median_drains(tmp: Path, receiver: "Receiver", events: int, backlog: Path, r
         return lambda run: drain_backlog(tmp, receiver, events, run, env, app=app, database=copy_of(backlog, run),
                                          timeout=timeout)
     return median_of_rounds({name: drains(app, env) for name, (app, env) in runs.items()}, rounds)
+
+
+@contextmanager
+def throwaway_postgresql():
+    """A throwaway PostgreSQL server, as the tests start one, and a function giving the services'
+    environment for one of its schemas (every service of one database is given the same keys); None
+    when PostgreSQL is not installed."""
+    sys.path.insert(0, str(REPO))
+    from partner.sealing import new_key
+    from tests.servers import postgres_bin_dir, start_postgres
+    bin_dir = postgres_bin_dir()
+    if bin_dir is None:
+        yield None
+        return
+    server = start_postgres(bin_dir)
+    keys = json.dumps([new_key()])
+    try:
+        yield server, lambda schema: {"PARTNER_DATABASE_URL": server.url(schema), "PARTNER_ENCRYPTION_KEYS": keys}
+    finally:
+        server.stop()
 
 
 # --- figures and the report -----------------------------------------------------------------------

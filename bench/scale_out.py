@@ -13,15 +13,8 @@ services have stopped (a backend reports its counts when it exits). "No higher" 
 claim that loses a race to the other service is written again, a few rows in 3,000 deliveries.
 """
 
-import json
-import sys
-
-from harness import (REPO, Receiver, at_least, at_most, drain_backlog, info, median_drains, pick, queue_backlog,
-                     report, workdir)
-
-sys.path.insert(0, str(REPO))  # the tests' throwaway PostgreSQL server
-from partner.sealing import new_key  # noqa: E402
-from tests.servers import postgres_bin_dir, start_postgres  # noqa: E402
+from harness import (Receiver, at_least, at_most, drain_backlog, info, median_drains, pick, queue_backlog,
+                     report, throwaway_postgresql, workdir)
 
 EVENTS = pick(3000, 300)
 SUBSCRIPTIONS = 30
@@ -42,25 +35,20 @@ def rows_written(server, schema: str) -> int:
 
 def postgres_runs(tmp, receiver: Receiver) -> dict[str, tuple[float, float, float]]:
     """Drain, worker CPU per delivery and rows written per delivery of 1 and 2 services."""
-    bin_dir = postgres_bin_dir()
-    if bin_dir is None:
-        return {}
-    server = start_postgres(bin_dir)
-    keys = json.dumps([new_key()])
-    try:
+    with throwaway_postgresql() as postgresql:
+        if postgresql is None:
+            return {}
+        server, service_env = postgresql
         results = {}
         for services in (1, 2):
             schema = server.create_schema()
-            # As every host of one PostgreSQL database must: the same keys, given.
-            env = {"PARTNER_DATABASE_URL": server.url(schema), "PARTNER_ENCRYPTION_KEYS": keys}
+            env = service_env(schema)
             queue_backlog(tmp, receiver, SUBSCRIPTIONS, EVENTS, env)
             before = rows_written(server, schema)
             name = f"PostgreSQL, {services} service{'s' if services > 1 else ''}"
             rate, cpu = drain_backlog(tmp, receiver, EVENTS, name, env, services=services, timeout=DRAIN_TIMEOUT)
             results[name] = (rate, cpu, (rows_written(server, schema) - before) / EVENTS)
         return results
-    finally:
-        server.stop()
 
 
 def main() -> dict:

@@ -25,6 +25,9 @@ DEFAULTS = {
     # Many slots, because an attempt to a hanging endpoint holds one until the deadline; subscriptions
     # whose last attempt failed may hold only half of them (delivery.py): the rest stay for healthy ones.
     "DELIVERY_CONCURRENCY": 64,
+    # The most attempts in flight to one subscription, in every process; each adapts between 1 and this
+    # to its receiver (partner/concurrency.py).
+    "DELIVERY_MAX_PER_SUBSCRIPTION": 16,
     "AUTO_DISABLE_THRESHOLD": 20,
     "SCHEDULER_ENABLED": True,
     "DELIVERY_CA_BUNDLE": "",
@@ -50,8 +53,8 @@ DEFAULTS = {
 SEAMS = ("CLOCK", "RESOLVER")  # set only through create_app's overrides, never from the environment
 
 _POSITIVE_NUMBERS = ("DELIVERY_TIMEOUT", "DELIVERY_POLL_INTERVAL", "RATELIMIT_STORAGE_TIMEOUT")
-_POSITIVE_INTEGERS = ("DELIVERY_CONCURRENCY", "AUTO_DISABLE_THRESHOLD", "AUTH_FAILURE_RATE_LIMIT",
-                      "RETENTION_DAYS", "MAX_CONTENT_LENGTH")
+_POSITIVE_INTEGERS = ("DELIVERY_CONCURRENCY", "DELIVERY_MAX_PER_SUBSCRIPTION", "AUTO_DISABLE_THRESHOLD",
+                      "AUTH_FAILURE_RATE_LIMIT", "RETENTION_DAYS", "MAX_CONTENT_LENGTH")
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 PREFIX = "PARTNER_"
 

@@ -22,9 +22,9 @@ subscription, and records nothing for a deleted one (_HOLD). Each order of the t
   before the 204; its outcome, written after, finds the subscription deleted, though _DROP_LEASES
   ran before the take committed and could not see it;
 - recording holds it first: the outcome commits before the delete does, which then finds no attempt.
-Deadlocks: the take waits for nothing (SKIP LOCKED); recording, the delete and an auto-disable (part
-of recording) take the delivery before the subscription; `flask encryption rotate` passes over held
-rows. Two rare cycles remain, and PostgreSQL ends each by rolling one side back, which is made
+Deadlocks: the take waits for nothing (SKIP LOCKED, and only a try at each subscription's turn:
+_TAKE_TURN); recording, the delete and an auto-disable (part of recording) take the delivery before
+the subscription; `flask encryption rotate` passes over held rows. Two rare cycles remain, and PostgreSQL ends each by rolling one side back, which is made
 again (the scan, the request, or the operator's command, which says so): a claim settling a delivery
 it will not attempt (_attemptable) writes as recording does while it holds the subscription; and a
 replay takes the subscription first, then dead letters, one of which may be an attempt still under
@@ -34,11 +34,13 @@ way when an auto-disable dead-lettered it (it keeps its lease), held by its reco
 import logging
 import secrets
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 
-from models import LIVE_SUBSCRIPTION, SQL_CONDITIONS, Delivery, Failure
+from models import LIVE_SUBSCRIPTION, SQL_CONDITIONS, Delivery, Failure, allowance
 from partner import dead_letters
-from partner.claims import pick_due
+from partner.claims import Pick, pick_due
+from partner.concurrency import push_back, widen
 from partner.config import DEFAULTS
 from partner.store.sql import is_sqlite, new_id, run_sql, select_rows, value_rows, write_transaction
 from partner.outbound.transport import AttemptResult
@@ -58,14 +60,32 @@ log = logging.getLogger(__name__)
 # whose lease expired is an attempt whose outcome was never recorded: it is counted here. What was
 # taken is read next, in the same transaction, by its lease token (_CLAIMED). On PostgreSQL {live} is
 # _HELD_LIVE.
+# Of each subscription's, it takes no more than its allowance less its attempts in flight under a
+# live lease (partner/concurrency.py), oldest first: counted in this statement, inside the claim's
+# write transaction, so no other claim can take the same room meanwhile (on SQLite, the one writer;
+# on PostgreSQL, claims of one subscription take turns: _TAKE_TURN).
 _TAKE = ('UPDATE delivery SET state = {p}, due_at = {p}, lease_token = {p}, '
          'unrecorded = unrecorded + CASE WHEN {in_flight} THEN 1 ELSE 0 END WHERE event_id IN '
-         '(SELECT event_id FROM delivery WHERE event_id IN ({ids}) AND {open} AND due_at <= {p} AND {live}{lock})')
+         '(SELECT event_id FROM (SELECT event_id, subscription_id, ROW_NUMBER() OVER '
+         '(PARTITION BY subscription_id ORDER BY due_at, seq, event_id) AS nth FROM '
+         '(SELECT event_id, subscription_id, due_at, seq FROM delivery WHERE event_id IN ({ids}) AND {open} '
+         'AND due_at <= {p} AND {live}{lock}) AS takeable) AS ranked WHERE nth <= '
+         '(SELECT ' + allowance("s") + ' FROM subscription AS s WHERE s.id = ranked.subscription_id) - '
+         '(SELECT COUNT(*) FROM delivery AS f WHERE f.subscription_id = ranked.subscription_id '
+         'AND {in_flight} AND f.due_at > {p}))')
+# PostgreSQL: a claim's statement cannot see another's uncommitted take, so claims of one subscription
+# take turns on a transaction-scoped advisory lock, each counting the attempts in flight after the
+# last has committed; one held by another claim is passed over, as SKIP LOCKED passes over rows. In
+# a key space of its own (two keys), apart from the migrations' lock (one key).
+_TAKE_TURN = ('SELECT v.id FROM (VALUES {rows}) AS v (id) '
+              'WHERE pg_try_advisory_xact_lock({p}, hashtext(v.id))')
+CLAIM_LOCK_CLASS = 0x70617274  # any constant
 # Holds the subscription until the claim commits, or passes over one another transaction writes (a delete
 # under way): the take's half of the module docstring's rule.
 _HELD_LIVE = f"EXISTS ({LIVE_SUBSCRIPTION} FOR SHARE SKIP LOCKED)"
 _CLAIMED = ('SELECT e.id AS event_id, e.kind, e.body, d.attempts, d.unrecorded, s.id AS subscription_id, '
-            's.organization_id, s.url, s.secret_key_id, s.secret_sealed, s.consecutive_failures, s.active '
+            's.organization_id, s.url, s.secret_key_id, s.secret_sealed, s.consecutive_failures, s.active, '
+            's.concurrency_pin IS NULL AND s.concurrency_limit < {p} AS may_widen '
             'FROM delivery AS d JOIN event AS e ON e.id = d.event_id '
             'JOIN subscription AS s ON s.id = d.subscription_id WHERE d.event_id IN ({ids}) AND d.lease_token = {p}')
 _RELEASE = ('UPDATE delivery SET state = {p}, due_at = {p}, lease_token = NULL '
@@ -94,7 +114,8 @@ _HOLD = ('SELECT d.event_id FROM delivery AS d JOIN subscription AS s ON s.id = 
 _RESET_STREAKS = ('UPDATE subscription SET consecutive_failures = 0 '
                   'WHERE id IN ({ids}) AND consecutive_failures <> 0')
 _COUNT_FAILURE = ('UPDATE subscription SET consecutive_failures = consecutive_failures + 1 '
-                  'WHERE id = {p} RETURNING consecutive_failures, active')
+                  'WHERE id = {p} RETURNING consecutive_failures, active, concurrency_limit, concurrency_ceiling, '
+                  'concurrency_pin, paused_until')
 
 
 @dataclass(frozen=True)
@@ -110,6 +131,7 @@ class Claim:
     url: str
     secret: str = field(repr=False)  # a repr may reach a log line or a traceback
     failing: bool = False  # when claimed, the subscription's last attempt had failed: a failing slot
+    may_widen: bool = False  # this claim filled its subscription's adaptive limit, below the most (_filled)
     # When the lease began, on time.monotonic: the outcome must be written before it ends.
     claimed_at: float = field(default_factory=time.monotonic)
 
@@ -133,36 +155,62 @@ NEVER_RECORDED = AttemptResult(False, None, "not_recorded", "", 0,
 
 
 def claim_due(now_ms: int, limit: int, lease_ms: int, failing_limit: int | None = None,
-              auto_disable_threshold: int = DEFAULTS["AUTO_DISABLE_THRESHOLD"]) -> list[Claim]:
+              auto_disable_threshold: int = DEFAULTS["AUTO_DISABLE_THRESHOLD"],
+              most: int = DEFAULTS["DELIVERY_MAX_PER_SUBSCRIPTION"]) -> list[Claim]:
     """Claim up to `limit` due deliveries (pending and due, or in flight with an expired lease)
-    for `lease_ms`, chosen by claims.pick_due: each subscription's oldest, at most one per subscription,
-    slots shared among organizations, at most `failing_limit` (None: any number) to subscriptions
-    whose last attempt failed. A due delivery is claimed by exactly one caller, in any process.
+    for `lease_ms`, chosen by claims.pick_due: each subscription's oldest, no more than its limit
+    (at most `most`) less its attempts in flight, slots shared among organizations, at most
+    `failing_limit` (None: any number) to subscriptions whose last attempt failed. A due delivery is
+    claimed by exactly one caller, in any process, and a subscription's limit holds across them all.
     Rows not taken are not written.
 
     The choice is read first; then one write transaction takes the chosen deliveries that are still
-    open, due, and of a subscription not deleted (what another process may have changed meanwhile),
-    reads what their attempts need, and settles those not to attempt (_attemptable). A failure
-    anywhere rolls it all back: nothing is taken that no attempt was made for, so nothing is counted
-    as unrecorded that was never sent."""
+    open, due, of a subscription not deleted and within its limit (what another process may have
+    changed meanwhile), reads what their attempts need, and settles those not to attempt
+    (_attemptable). A failure anywhere rolls it all back: nothing is taken that no attempt was made
+    for, so nothing is counted as unrecorded that was never sent."""
     if limit <= 0:
         return []
-    picked = pick_due(now_ms, limit, failing_limit)
+    picked = pick_due(now_ms, limit, failing_limit, most)
     if not picked:
         return []
     token = secrets.token_hex(11)  # 22 characters; a tenth of random_token's cost, once per scan
     locks = {"lock": ""} if is_sqlite() else {"lock": " FOR UPDATE SKIP LOCKED", "live": _HELD_LIVE}
     made: list = []  # dead letters, reported once committed
     with write_transaction(durable=False):
-        taken = run_sql(_TAKE, (Delivery.IN_FLIGHT, now_ms + lease_ms, token, *picked, now_ms), ids=len(picked),
-                        **{**SQL_CONDITIONS, **locks}).rowcount
+        ours = picked if is_sqlite() else _our_turn(picked)
+        if not ours:
+            return []
+        ids = [pick.event_id for pick in ours]
+        taken = run_sql(_TAKE, (Delivery.IN_FLIGHT, now_ms + lease_ms, token, *ids, now_ms, now_ms, most, most, now_ms),
+                        ids=len(ids), **{**SQL_CONDITIONS, **locks}).rowcount
         if not taken:
             return []
-        rows = {row["event_id"]: row for row in select_rows(_CLAIMED, (*picked, token), ids=len(picked))}
-        claims = _attemptable([rows[event_id] for event_id in picked if event_id in rows], token,
+        rows = {row["event_id"]: row for row in select_rows(_CLAIMED, (most, *ids, token), ids=len(ids))}
+        _filled(ours, rows)
+        claims = _attemptable([rows[event_id] for event_id in ids if event_id in rows], token,
                               now_ms, lease_ms, RetryPolicy([], auto_disable_threshold), made)
     dead_letters.report(made)
     return claims
+
+
+def _filled(picked: list[Pick], rows: dict[str, dict]) -> None:
+    """Whether each claim may widen its subscription's limit when it succeeds: only if this claim
+    filled the subscription's room, so it is held at its limit. One the fair share or the free
+    slots kept below it is not, and its outcome need not look (concurrency.widen)."""
+    taken = Counter(row["subscription_id"] for row in rows.values())
+    room = {pick.subscription_id: pick.room for pick in picked}
+    for row in rows.values():
+        row["may_widen"] = row["may_widen"] and taken[row["subscription_id"]] >= room[row["subscription_id"]]
+
+
+def _our_turn(picked: list[Pick]) -> list[Pick]:
+    """PostgreSQL: the picked deliveries of the subscriptions whose turn this claim took (_TAKE_TURN),
+    until its transaction ends."""
+    subscriptions = sorted({pick.subscription_id for pick in picked})
+    ours = {row["id"] for row in select_rows(_TAKE_TURN, (*subscriptions, CLAIM_LOCK_CLASS),
+                                             rows=value_rows(len(subscriptions), 1))}
+    return [pick for pick in picked if pick.subscription_id in ours]
 
 
 def _attemptable(rows: list[dict], token: str, now_ms: int, lease_ms: int, policy: RetryPolicy,
@@ -198,7 +246,7 @@ def _claim_of(row: dict, token: str) -> Claim:
     return Claim(row["event_id"], row["kind"], bytes(row["body"]), row["attempts"] + 1, token,
                  row["subscription_id"], row["organization_id"], row["url"],
                  open_secret(row["subscription_id"], row["secret_key_id"], row["secret_sealed"]),
-                 row["consecutive_failures"] > 0)
+                 row["consecutive_failures"] > 0, bool(row["may_widen"]))
 
 
 @dataclass(frozen=True)
@@ -209,20 +257,25 @@ class Outcome:
     attempted_at: int
     finished_at: int
     jitter: float = 0.0  # the fraction (up to retry.MAX_JITTER) the retry delay grows by
+    draw: float = 1.0  # in [0, 1): whether a success widens its subscription's limit, when chance decides
 
 
-def write_outcomes(outcomes: list[Outcome], policy: RetryPolicy) -> list[Recorded]:
+def write_outcomes(outcomes: list[Outcome], policy: RetryPolicy,
+                   most: int = DEFAULTS["DELIVERY_MAX_PER_SUBSCRIPTION"]) -> list[Recorded]:
     """Record attempts whose claim's lease is still ours (and, on PostgreSQL, whose subscription is not
-    deleted: module docstring): a success marks the delivery delivered and
-    resets the subscription's failure streak; a failure is audited, counted, and decided by `policy`
-    (next attempt, dead-letter, auto-disable). The dispatcher writes the outcomes of attempts
-    finishing together at once (group_commit), in one transaction: a streak reset commits with its
-    success, or neither does and the write can be made again while the lease lasts. Tests step one
-    at a time (tests.support.record_attempt)."""
+    deleted: module docstring): a success marks the delivery delivered, resets the subscription's
+    failure streak and may widen its limit (up to `most`); a failure is audited, counted, decided by
+    `policy` (next attempt, dead-letter, auto-disable), and may narrow the limit or hold the
+    subscription (partner/concurrency.py). The dispatcher writes the outcomes of attempts finishing
+    together at once (group_commit), in one transaction: a streak reset commits with its success, or
+    neither does and the write can be made again while the lease lasts. Tests step one at a time
+    (tests.support.record_attempt)."""
     made: list = []  # dead letters, reported once committed
     with write_transaction(durable=False):
         held = _held(outcomes)
-        delivered = iter(_write_successes([o for o in outcomes if o.result.ok and o.claim.event_id in held]))
+        successes = [o for o in outcomes if o.result.ok and o.claim.event_id in held]
+        _widen(successes, most)
+        delivered = iter(_write_successes(successes))
         recorded = [NOT_RECORDED if outcome.claim.event_id not in held
                     else Recorded(next(delivered)) if outcome.result.ok
                     else _record_failure(outcome.claim, outcome.result, outcome.attempted_at, outcome.finished_at,
@@ -251,6 +304,16 @@ def _by_lease(template: str, claims: list[Claim], *params) -> list[dict]:
                        pairs=value_rows(len(claims), 2))
 
 
+def _widen(successes: list[Outcome], most: int) -> None:
+    """Widen the limits the successes call for, before they leave flight (concurrency.widen)."""
+    draws: dict[str, list[float]] = {}
+    for outcome in successes:
+        if outcome.claim.may_widen:
+            draws.setdefault(outcome.claim.subscription_id, []).append(outcome.draw)
+    if draws:
+        widen(draws, max(outcome.finished_at for outcome in successes), most)
+
+
 def _write_successes(outcomes: list[Outcome]) -> list[bool]:
     """Mark delivered each success whose lease is still ours, and reset the failure streak of their
     subscriptions that have one; whether each was recorded."""
@@ -270,6 +333,7 @@ def _record_failure(claim: Claim, result: AttemptResult, attempted_at: int, fini
     """Audit and count a failed attempt whose lease is ours, and decide what follows by `policy`; a
     dead letter or an auto-disable it makes is added to `made`. Call inside a write transaction."""
     [streak] = select_rows(_COUNT_FAILURE, (claim.subscription_id,))
+    push_back(claim.subscription_id, streak, result, finished_at)
     active = bool(streak["active"])
     decision = policy.after_failure(claim.attempt, streak["consecutive_failures"], active, finished_at, jitter)
     next_at = decision.next_attempt_at

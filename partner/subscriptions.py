@@ -1,5 +1,5 @@
 """Webhook subscriptions: an organization's (create, find, list, delete) and the operator's
-(an overview with delivery counts, re-enabling after an auto-disable)."""
+(an overview with delivery counts, re-enabling after an auto-disable, pinning its concurrency)."""
 
 import secrets
 
@@ -126,6 +126,18 @@ def subscriptions_overview(slug: str | None = None, disabled_only: bool = False)
     if disabled_only:
         query = query.where(Subscription.active == False)  # noqa: E712 (peewee builds SQL from ==)
     return list(query)
+
+
+def set_concurrency(subscription_id: str, pin: int | None) -> Subscription:
+    """Pin the most attempts in flight to the subscription at `pin` (1: one at a time, in order), or
+    with None make it adaptive again, from 1 as a new subscription starts (partner/concurrency.py)."""
+    changes = {Subscription.concurrency_pin: pin} if pin is not None else {
+        Subscription.concurrency_pin: None, Subscription.concurrency_limit: 1, Subscription.concurrency_ceiling: None}
+    with write_transaction():
+        updated = Subscription.update(changes).where((Subscription.id == subscription_id) & LIVE).execute()
+    if not updated:
+        raise OperatorError(f"No subscription {subscription_id!r}.")
+    return Subscription.get_by_id(subscription_id)
 
 
 def enable_subscription(subscription_id: str) -> Subscription:

@@ -134,3 +134,9 @@ def test_a_log_level_logging_does_not_know_stops_start_up(config, monkeypatch, v
     monkeypatch.setenv("PARTNER_LOG_LEVEL", value)
     with pytest.raises(StartRefused, match="PARTNER_LOG_LEVEL must be DEBUG, INFO, WARNING, ERROR, CRITICAL"):
         create_app(config)
+
+
+@pytest.mark.parametrize("most", [0, -3, 2.5, "16", True])
+def test_a_most_per_subscription_that_is_not_a_positive_whole_number_stops_start_up(config, most):
+    with pytest.raises(StartRefused, match="PARTNER_DELIVERY_MAX_PER_SUBSCRIPTION must be a positive integer"):
+        create_app({**config, "DELIVERY_MAX_PER_SUBSCRIPTION": most})

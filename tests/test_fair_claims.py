@@ -18,7 +18,7 @@ from partner.events import enqueue_test_ping
 from partner.outbox import MAX_UNRECORDED, claim_due, release
 from partner.outbound.transport import AttemptResult
 from partner.retry import RetryPolicy
-from partner.subscriptions import create_subscription
+from partner.subscriptions import create_subscription, set_concurrency
 from tests.receivers import hang
 from tests.support import counting_scans, eventually, queue_in_bulk, record_attempt, refuse_in_sqlite, sealed
 
@@ -52,10 +52,10 @@ def test_pings_queued_in_the_same_millisecond_are_claimed_in_enqueue_order(organ
     [subscription] = subscriptions(organization("acme"), 1)
     queued = [enqueue_ping(subscription) for _ in range(20)]
     claimed = []
-    while claims := claim_due(NOW, 64, LEASE):
-        [claim] = claims  # one per subscription
-        claimed.append(claim.event_id)
-        deliver(claim)
+    while claims := claim_due(NOW, 64, LEASE):  # more at a time as the limit widens
+        claimed += [claim.event_id for claim in claims]
+        for claim in claims:
+            deliver(claim)
     assert claimed == queued
 
 
@@ -81,8 +81,10 @@ def test_a_retry_due_later_lets_the_deliveries_due_before_it_go_first(organizati
 
 @pytest.mark.both_databases
 @pytest.mark.config(SCHEDULER_ENABLED=True, WEBHOOK_ALLOWED_NETWORKS=["127.0.0.0/8"])
-def test_a_backlog_of_500_pings_reaches_the_receiver_in_order(dispatcher, database, organization, receiver):
+def test_a_backlog_of_500_pings_pinned_to_one_in_flight_reaches_the_receiver_in_order(dispatcher, database,
+                                                                                      organization, receiver):
     [subscription] = subscriptions(organization("acme"), 1, receiver.url)
+    set_concurrency(subscription.id, 1)
     queued = [enqueue_ping(subscription) for _ in range(500)]  # all due in the same millisecond
     dispatcher.start()
     assert receiver.wait_for(500, seconds=120)
@@ -139,37 +141,43 @@ def test_failing_subscriptions_keep_their_cap_within_the_share(organization):
 
 # --- the rule as a whole -------------------------------------------------------------------------
 
-def expected_pick(subscriptions: dict, deliveries: list[dict], now: int, limit: int,
-                  failing_limit: int) -> list[str]:
+def expected_pick(subscriptions: dict, deliveries: list[dict], now: int, limit: int, failing_limit: int,
+                  most: int) -> list[str]:
     """claims.py's docstring, run in Python over plain rows: the event ids pick_due must answer."""
     leased = [d for d in deliveries if d["state"] == "in_flight" and d["due_at"] > now]
-    busy = {d["subscription"] for d in leased}
+    flying = Counter(d["subscription"] for d in leased)
     held = Counter(subscriptions[d["subscription"]]["organization"] for d in leased)
-    heads = []
+    candidates = []
     for sid, sub in subscriptions.items():
-        due = [d for d in deliveries if d["subscription"] == sid and d["state"] in ("pending", "in_flight")
-               and d["due_at"] <= now]
-        if due and sub["deleted_at"] is None and sid not in busy:
-            head = min(due, key=lambda d: (d["due_at"], d["seq"]))
-            heads.append({"org": sub["organization"], "failing": sub["consecutive_failures"] > 0,
-                          "due_at": head["due_at"], "event_id": head["event"]})
-    for org in {head["org"] for head in heads}:
-        for rank, head in enumerate(sorted((h for h in heads if h["org"] == org),
-                                           key=lambda h: (h["due_at"], h["event_id"])), 1):
-            head["turn"] = held[org] + rank
-    order = sorted(heads, key=lambda h: (h["turn"], h["due_at"], h["event_id"]))
-    failing = [h for h in order if h["failing"]]
-    return [h["event_id"] for h in order if not h["failing"] or h in failing[:failing_limit]][:limit]
+        paused = sub["paused_until"] is not None and sub["paused_until"] > now
+        allowance = 0 if paused else min(sub["concurrency_pin"] or sub["concurrency_limit"], most)
+        due = sorted((d for d in deliveries if d["subscription"] == sid and d["state"] in ("pending", "in_flight")
+                      and d["due_at"] <= now), key=lambda d: (d["due_at"], d["seq"], d["event"]))
+        if sub["deleted_at"] is None:
+            candidates += [{"org": sub["organization"], "failing": sub["consecutive_failures"] > 0,
+                            "place": flying[sid] + nth, "due_at": d["due_at"], "event_id": d["event"]}
+                           for nth, d in enumerate(due[:max(0, min(allowance - flying[sid], limit))], 1)]
+    for org in {candidate["org"] for candidate in candidates}:
+        for rank, candidate in enumerate(sorted((c for c in candidates if c["org"] == org),
+                                                key=lambda c: (c["place"], c["due_at"], c["event_id"])), 1):
+            candidate["turn"] = held[org] + rank
+    order = sorted(candidates, key=lambda c: (c["turn"], c["due_at"], c["event_id"]))
+    failing = [c for c in order if c["failing"]]
+    return [c["event_id"] for c in order if not c["failing"] or c in failing[:failing_limit]][:limit]
 
 
-def random_state(rng: random.Random) -> tuple[dict, list[dict]]:
-    """Up to 3 organizations and 8 subscriptions (some failing, some deleted), each with up to 5
-    deliveries: pending, in flight under a live or an expired lease, delivered or dead; due times
-    drawn from a few values, so that heads tie."""
+def random_state(rng: random.Random, most_subscriptions: int = 8) -> tuple[dict, list[dict]]:
+    """Up to 3 organizations and `most_subscriptions` subscriptions (some failing, some deleted, some
+    held for a Retry-After, with limits adapted or pinned), each with up to 5 deliveries: pending,
+    in flight under a live or an expired lease, delivered or dead; due times drawn from a few
+    values, so that heads tie."""
     subscriptions = {f"wh_{n}": {"id": f"wh_{n}", "organization": f"org_{rng.randrange(3)}",
                                  "consecutive_failures": rng.choice([0, 0, 1]), "created_at": NOW,
                                  "deleted_at": NOW if rng.random() < 0.15 else None, "url": URL,
-                                 **sealed(f"wh_{n}", "whsec_x")} for n in range(rng.randint(1, 8))}
+                                 "concurrency_limit": rng.choice([1, 1, 2, 3, 5]),
+                                 "concurrency_pin": rng.choice([None, None, None, 1, 2]),
+                                 "paused_until": rng.choice([None, None, None, NOW - 1, NOW + 1]),
+                                 **sealed(f"wh_{n}", "whsec_x")} for n in range(rng.randint(1, most_subscriptions))}
     deliveries = [{"event": f"evt_{rng.getrandbits(64):016x}", "subscription": sid, "seq": seq,
                    "state": rng.choice(["pending", "pending", "in_flight", "delivered", "dead"]),
                    "due_at": NOW + rng.randint(-3, 3)}
@@ -179,18 +187,22 @@ def random_state(rng: random.Random) -> tuple[dict, list[dict]]:
 
 def describe(subscriptions: dict, deliveries: list[dict], now: int) -> str:
     """A failing state, briefly: times relative to `now`."""
-    subs = [(s["id"], s["organization"], s["consecutive_failures"], s["deleted_at"] is not None)
+    subs = [(s["id"], s["organization"], s["consecutive_failures"], s["deleted_at"] is not None,
+             s["concurrency_limit"], s["concurrency_pin"], s["paused_until"] and s["paused_until"] - now)
             for s in subscriptions.values()]
     rows = [(d["event"], d["subscription"], d["state"], d["due_at"] - now, d["seq"]) for d in deliveries]
-    return (f"subscriptions (id, org, failures, deleted) {subs}; "
+    return (f"subscriptions (id, org, failures, deleted, limit, pin, paused for) {subs}; "
             f"deliveries (id, subscription, state, due in, seq) {rows}")
 
 
 @pytest.mark.both_databases
-def test_every_claim_follows_the_rule_on_random_backlogs(database, backend):
+@pytest.mark.parametrize("most_subscriptions, rounds", [(8, 150), (40, 40)], ids=["few", "crowded"])
+def test_every_claim_follows_the_rule_on_random_backlogs(database, backend, most_subscriptions, rounds):
+    """Crowded: more subscriptions with due work than a claim has slots, so the walk's bounds
+    (claims.py) leave most of them out."""
     rng = random.Random(20261126)
-    for _ in range(150 if backend == "sqlite" else 40):
-        subscriptions, deliveries = random_state(rng)
+    for _ in range(rounds if backend == "sqlite" else rounds // 4):
+        subscriptions, deliveries = random_state(rng, most_subscriptions)
         with db.atomic():
             for model in (Delivery, Event, Subscription, Organization):
                 model.delete().execute()
@@ -200,9 +212,11 @@ def test_every_claim_follows_the_rule_on_random_backlogs(database, backend):
             Event.insert_many([{"id": d["event"], "subscription": d["subscription"], "kind": "k", "body": b"{}",
                                 "created_at": NOW} for d in deliveries]).execute()
             Delivery.insert_many(deliveries).execute()
-        for now, limit, failing_limit in [(NOW, 8, 8), (NOW + 1, rng.randint(1, 4), rng.randint(0, 2))]:
-            assert pick_due(now, limit, failing_limit) == expected_pick(
-                subscriptions, deliveries, now, limit, failing_limit), describe(subscriptions, deliveries, now)
+        for now, limit, failing_limit, most in [(NOW, 8, 8, 16), (NOW + 1, rng.randint(1, 4), rng.randint(0, 2), 16),
+                                                (NOW, rng.randint(2, 8), rng.randint(0, 4), rng.randint(1, 3))]:
+            picked = [pick.event_id for pick in pick_due(now, limit, failing_limit, most)]
+            assert picked == expected_pick(subscriptions, deliveries, now, limit, failing_limit, most), describe(
+                subscriptions, deliveries, now)
 
 
 # --- attempts whose outcome is never recorded ---------------------------------------------------

@@ -20,6 +20,7 @@ DOCUMENTED_METRICS = {  # name: (type, label names)
     "partner_rate_limited": ("counter", {"kind"}),
     "partner_deliveries_due": ("gauge", set()),
     "partner_delivery_oldest_due_seconds": ("gauge", set()),
+    "partner_subscriptions_limited": ("gauge", {"reason"}),
 }
 
 

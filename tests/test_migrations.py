@@ -93,7 +93,7 @@ def test_every_row_of_a_released_database_survives_the_upgrade(database_url, rel
     for table, rows in ROWS.items():
         assert read_rows(database_url, table) == sorted(rows, key=lambda r: list(r.values())[0]), table
     assert_no_plaintext_secret(database_url)
-    assert len(history(database_url)) == LATEST
+    assert history(database_url) == migrations.names()  # every one recorded, whatever their numbers
 
 
 @pytest.mark.parametrize("release", RELEASES)
@@ -120,7 +120,7 @@ def test_processes_starting_together_migrate_once(database_url):
     errors = run_together(*[lambda d=d: applied.extend(migrations.upgrade(d)) for d in databases])
     assert errors == []
     assert sorted(applied) == history(database_url)  # each migration applied by exactly one of them
-    assert len(applied) == LATEST
+    assert sorted(applied) == migrations.names()
 
 
 def test_a_new_database_says_its_migrations_are_recorded_not_run(database_url, caplog):

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from models import Subscription, db
 from partner.timestamps import iso
 from tests.support import WEBHOOKS, json_of
 
@@ -54,12 +55,12 @@ def test_webhooks_list_shows_state_and_counts_never_a_secret(flask_cli, disabled
     healthy = subscribe("https://hooks.partner.example/in")
     header, *listed = rows(flask_cli("webhooks", "list"))
     assert header == ["ID", "ORG", "URL", "ACTIVE", "CONSECUTIVE_FAILURES", "AUTO_DISABLED_AT",
-                      "PENDING", "DEAD"]
+                      "PENDING", "DEAD", "CONCURRENCY", "LIMIT"]
     by_id = {row[0]: row for row in listed}
     assert by_id[disabled["id"]][1:4] == ["acme", disabled["url"], "false"]
     assert by_id[disabled["id"]][4] == "2" and by_id[disabled["id"]][5].endswith("Z")
-    assert by_id[disabled["id"]][6:] == ["0", "2"]
-    assert by_id[healthy["id"]][3:] == ["true", "0", "-", "0", "0"]
+    assert by_id[disabled["id"]][6:] == ["0", "2", "auto", "1"]
+    assert by_id[healthy["id"]][3:] == ["true", "0", "-", "0", "0", "auto", "1"]
     output = flask_cli("webhooks", "list").output
     assert disabled["secret"] not in output and healthy["secret"] not in output
 
@@ -81,6 +82,46 @@ def test_enable_restores_the_subscription_and_resends_nothing(flask_cli, disable
     state = next(s for s in listed if s["id"] == disabled["id"])
     assert (state["active"], state["auto_disabled_at"], state["consecutive_failures"]) == (True, None, 0)
     assert run_due() == 0 and len(recovering_receiver.received) == 2
+
+
+def concurrency_listed(flask_cli, subscription: dict) -> list[str]:
+    """Its CONCURRENCY and LIMIT in `flask webhooks list`."""
+    return next(row[8:] for row in rows(flask_cli("webhooks", "list"))[1:] if row[0] == subscription["id"])
+
+
+def test_set_concurrency_pins_a_subscription_and_auto_makes_it_adaptive_again(flask_cli, subscribe):
+    subscription = subscribe("https://hooks.partner.example/in")
+    result = flask_cli("webhooks", "set-concurrency", subscription["id"], "1")
+    assert result.exit_code == 0
+    assert result.output == f"Subscription {subscription['id']}: 1 attempt in flight, in order.\n"
+    assert concurrency_listed(flask_cli, subscription) == ["1", "1"]
+    assert flask_cli("webhooks", "set-concurrency", subscription["id"], "16").exit_code == 0
+    assert concurrency_listed(flask_cli, subscription) == ["16", "16"]
+    result = flask_cli("webhooks", "set-concurrency", subscription["id"], "auto")
+    assert result.exit_code == 0 and "adaptive" in result.output
+    assert concurrency_listed(flask_cli, subscription) == ["auto", "1"]  # from 1, as a new subscription
+
+
+@pytest.mark.parametrize("value", ["0", "17", "2.5", "many", ""])
+def test_set_concurrency_outside_1_to_the_most_is_a_usage_error_that_changes_nothing(flask_cli, subscribe, value):
+    subscription = subscribe("https://hooks.partner.example/in")
+    result = flask_cli("webhooks", "set-concurrency", subscription["id"], value)
+    assert result.exit_code == 2 and "PARTNER_DELIVERY_MAX_PER_SUBSCRIPTION" in result.output
+    assert concurrency_listed(flask_cli, subscription) == ["auto", "1"]
+
+
+@pytest.mark.config(DELIVERY_MAX_PER_SUBSCRIPTION=4)
+def test_the_listed_limit_is_never_above_the_most_configured(app, flask_cli, subscribe):
+    subscription = subscribe("https://hooks.partner.example/in")
+    with app.app_context(), db.connection_context():
+        Subscription.update(concurrency_limit=9).execute()  # adapted while the most was higher
+    assert concurrency_listed(flask_cli, subscription) == ["auto", "4"]
+    assert flask_cli("webhooks", "set-concurrency", subscription["id"], "5").exit_code == 2
+
+
+def test_set_concurrency_of_an_unknown_id_exits_1_naming_it(flask_cli):
+    result = flask_cli("webhooks", "set-concurrency", "wh_nosuchsubscription0", "1")
+    assert result.exit_code == 1 and "wh_nosuchsubscription0" in result.output
 
 
 def test_enable_of_an_unknown_id_exits_1_naming_it(flask_cli):

@@ -517,11 +517,11 @@ def test_choosing_what_to_claim_searches_no_index_that_history_grows(database, s
     a million finished ones cost it nothing (bench/state_scale)."""
     for offset in range(3):
         enqueue_ping(subscription, NOW + offset)
-    plan = query_plan(database, lambda: pick_due(NOW + 10, 2, 1))
+    plan = query_plan(database, lambda: pick_due(NOW + 10, 2, 1, 16))
     assert set(re.findall(r"USING (?:COVERING )?INDEX (\w+)", plan)) == {
         "delivery_queue", "delivery_in_flight", "sqlite_autoindex_subscription_1"}
-    # Each head is found once (inlined, its subqueries would run again at every use of a column).
-    assert "MATERIALIZE heads" in plan and "MATERIALIZE busy" in plan
+    # Each subscription's room is found once (inlined, its subqueries would run again at every use).
+    assert "MATERIALIZE rooms" in plan and "MATERIALIZE busy" in plan
 
 
 @pytest.mark.parametrize("position", [None, [NOW + 5, "fail_zzzzzzzzzzzzzzzzzzzz"]], ids=["first", "next"])

@@ -130,7 +130,8 @@ def test_every_table_round_trips(database):
     subscription = Subscription.create(id="wh_1", organization=org, url="https://partner.example/é",
                                        description=None, secret="whsec_x", active=False,
                                        consecutive_failures=3, auto_disabled_at=BIG_MS, created_at=BIG_MS,
-                                       deleted_at=BIG_MS + 2)
+                                       deleted_at=BIG_MS + 2, concurrency_limit=16, concurrency_ceiling=5,
+                                       concurrency_pin=2, paused_until=BIG_MS + 3)
     event = Event.create(id="evt_1", subscription=subscription, kind="vc.test.ping", body=BODY,
                          created_at=BIG_MS)
     Delivery.create(event=event, subscription=subscription, state=Delivery.PENDING, attempts=2,
@@ -149,7 +150,8 @@ def test_every_table_round_trips(database):
         Subscription: [{"id": "wh_1", "organization": "org_1", "url": "https://partner.example/é",
                         "description": None, "active": False,
                         "consecutive_failures": 3, "auto_disabled_at": BIG_MS, "created_at": BIG_MS,
-                        "deleted_at": BIG_MS + 2}],
+                        "deleted_at": BIG_MS + 2, "concurrency_limit": 16, "concurrency_ceiling": 5,
+                        "concurrency_pin": 2, "paused_until": BIG_MS + 3}],
         Event: [{"id": "evt_1", "subscription": "wh_1", "kind": "vc.test.ping", "body": BODY,
                  "created_at": BIG_MS}],
         Delivery: [{"event": "evt_1", "subscription": "wh_1", "state": "pending", "attempts": 2,

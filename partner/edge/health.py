@@ -109,13 +109,14 @@ class Recent:
 def _backlog(now: int):
     """The due backlog (a probe or a scrape asks every few seconds; a hammer of them must not open
     a connection each)."""
-    return _recent_backlog.get(lambda: _read_backlog(now))
+    most = current_app.config["DELIVERY_MAX_PER_SUBSCRIPTION"]
+    return _recent_backlog.get(lambda: _read_backlog(now, most))
 
 
-def _read_backlog(now: int):
+def _read_backlog(now: int, most: int):
     """The due backlog, read within READY_TIMEOUT_SECONDS; during an outage with the probe too."""
     outage = database_outage.active
-    backlog = read_backlog(now, READY_TIMEOUT_SECONDS, probe=outage)
+    backlog = read_backlog(now, READY_TIMEOUT_SECONDS, most, probe=outage)
     if outage and backlog.writable:
         probe_answered()
     return backlog

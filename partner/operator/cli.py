@@ -16,9 +16,10 @@ from partner.history import STATES, delivery_story, list_deliveries, replay_dead
 from partner.errors import OperatorError, ValidationError
 from partner.keys import (DEFAULT_RATE_LIMIT, GRANTABLE_SCOPES, MAX_RATE_LIMIT, IssuedKey, create_key, list_keys,
                           revoke_key, rotate_key)
+from partner.concurrency import effective_limit
 from partner.organizations import list_organizations, set_rate_limit
 from partner.retry import RetryPolicy
-from partner.subscriptions import enable_subscription, subscriptions_overview
+from partner.subscriptions import enable_subscription, set_concurrency, subscriptions_overview
 from partner.startup import AS_IT_IS, NOTHING, UP_TO_DATE, start_command
 from partner.timestamps import iso, now_ms, to_ms
 
@@ -119,7 +120,7 @@ def orgs_set_limit(slug: str, per_minute: int) -> None:
     click.echo(f"Organization {slug} now has {per_minute} requests per minute, for every key.")
 
 
-webhooks_cli = AppGroup("webhooks", help="Inspect and re-enable webhook subscriptions.")
+webhooks_cli = AppGroup("webhooks", help="Inspect and re-enable webhook subscriptions, and set their concurrency.")
 deliveries_cli = AppGroup("deliveries", help="Inspect deliveries and replay dead letters.")
 db_cli = AppGroup("db", help="Database upkeep: schema versions, backups, retention.")
 encryption_cli = AppGroup("encryption", help="Keys that seal webhook secrets at rest.")
@@ -174,11 +175,48 @@ def _unless_refused(operation, *args, **kwargs):
 @click.option("--disabled", is_flag=True, help="Only disabled subscriptions.")
 @starts(UP_TO_DATE)
 def webhooks_list(org: str | None, disabled: bool) -> None:
-    """List subscriptions with their open and dead deliveries (never a secret)."""
+    """List subscriptions with their open and dead deliveries, and their concurrency (never a secret)."""
     rows = _run(subscriptions_overview, org, disabled)
-    _table(("ID", "ORG", "URL", "ACTIVE", "CONSECUTIVE_FAILURES", "AUTO_DISABLED_AT", "PENDING", "DEAD"),
+    most = current_app.config["DELIVERY_MAX_PER_SUBSCRIPTION"]
+    _table(("ID", "ORG", "URL", "ACTIVE", "CONSECUTIVE_FAILURES", "AUTO_DISABLED_AT", "PENDING", "DEAD",
+            "CONCURRENCY", "LIMIT"),
            ((s.id, s.organization.slug, s.url, str(s.active).lower(), s.consecutive_failures,
-             iso(s.auto_disabled_at), s.pending, s.dead) for s in rows))
+             iso(s.auto_disabled_at), s.pending, s.dead, "auto" if s.concurrency_pin is None else s.concurrency_pin,
+             effective_limit(s.concurrency_pin, s.concurrency_limit, most)) for s in rows))
+
+
+class Concurrency(click.ParamType):
+    """`auto` (None) or a whole number of attempts in flight, 1 or more; the command checks the most."""
+    name = "N|auto"
+
+    def convert(self, value, param, ctx):
+        if value == "auto" or isinstance(value, int):
+            return None if value == "auto" else value
+        if not (value.isdigit() and int(value) >= 1):
+            self.fail(f"{value!r} is neither auto nor a whole number from 1 to "
+                      "PARTNER_DELIVERY_MAX_PER_SUBSCRIPTION", param, ctx)
+        return int(value)
+
+
+@webhooks_cli.command("set-concurrency")
+@click.argument("subscription_id")
+@click.argument("concurrency", type=Concurrency())
+@starts(UP_TO_DATE)
+def webhooks_set_concurrency(subscription_id: str, concurrency: int | None) -> None:
+    """Pin the most attempts in flight to a subscription (1: one at a time, in order), or `auto`."""
+    most = current_app.config["DELIVERY_MAX_PER_SUBSCRIPTION"]
+    if concurrency is not None and concurrency > most:
+        raise click.BadParameter(f"{concurrency} is above {most}, the most attempts in flight to one "
+                                 "subscription (PARTNER_DELIVERY_MAX_PER_SUBSCRIPTION)", param_hint="'N|auto'")
+    subscription = _run(set_concurrency, subscription_id, concurrency)
+    if concurrency is None:
+        click.echo(f"Subscription {subscription.id}: adaptive, from 1 attempt in flight up to {most} as its "
+                   "receiver keeps up.")
+    elif concurrency == 1:
+        click.echo(f"Subscription {subscription.id}: 1 attempt in flight, in order.")
+    else:
+        click.echo(f"Subscription {subscription.id}: at most {concurrency} attempts in flight; they start "
+                   "in order and may end out of it.")
 
 
 @webhooks_cli.command("enable")

@@ -59,6 +59,7 @@ class AttemptResult:
     response_excerpt: str  # the body's start, cut by safe_text.excerpt (EXCERPT_BYTES once encoded)
     duration_ms: int
     error_detail: str | None = None  # a failure's cause in words (causes.py); None for http_status
+    retry_after: str | None = None  # the response's Retry-After header, as sent (partner/concurrency.py reads it)
 
 
 class Deadline:
@@ -94,6 +95,7 @@ class _Reply:
     body: bytearray = field(default_factory=bytearray)
     location: str | None = None  # a redirect's
     address: str | None = None  # the one dialled last
+    retry_after: str | None = None
 
 
 class Transport:
@@ -144,6 +146,7 @@ class Transport:
             response_excerpt=safe_text.excerpt(reply.body),
             duration_ms=deadline.elapsed_ms(),
             error_detail=detail,
+            retry_after=reply.retry_after,
         )
 
     def _exchange(self, target: Target, addresses: tuple[str, ...], body: bytes,
@@ -185,6 +188,7 @@ def _round_trip(pool: HTTPConnectionPool, request_target: str, body: bytes, head
                             redirect=False, preload_content=False, decode_content=False,
                             release_conn=False)
     reply.status, reply.location = response.status, response.headers.get("Location")
+    reply.retry_after = response.headers.get("Retry-After")
     ended = False
     try:
         ended = _read_capped(response, reply.body)

@@ -2,7 +2,9 @@
 readiness and the metrics scrape answer even when the database does not.
 
 `due` counts open deliveries whose due time has passed: pending ones, and in-flight ones whose
-lease expired (their attempt died). An attempt in flight under a live lease is not due.
+lease expired (their attempt died). An attempt in flight under a live lease is not due. Of the
+subscriptions, `at_limit` counts those held at their limit (as many attempts in flight as it
+allows, and deliveries due behind them), `paused` those held for a Retry-After.
 """
 
 import logging
@@ -13,7 +15,7 @@ from dataclasses import dataclass
 import psycopg2
 from peewee import SqliteDatabase
 
-from models import LIVE_CONDITION, OPEN_CONDITION
+from models import IN_FLIGHT_CONDITION, LIVE_CONDITION, OPEN_CONDITION, allowance
 from partner.store import postgres
 from partner.store.backup import file_uri
 from partner.store.connection import db
@@ -27,6 +29,13 @@ _DUE = (f"SELECT COUNT(*), MIN(due_at) FROM delivery WHERE {OPEN_CONDITION} AND 
         f"AND {LIVE_CONDITION}")
 # How long the write-lock probe waits for SQLite's lock: it asks whether a write could begin now.
 PROBE_LOCK_MS = 100
+# From the attempts in flight (their partial index): few, whatever the history or the backlog.
+_AT_LIMIT = (f"SELECT COUNT(*) FROM (SELECT subscription_id, COUNT(*) AS n FROM delivery WHERE {IN_FLIGHT_CONDITION} "
+             f"AND due_at > {{p}} GROUP BY subscription_id) AS f JOIN subscription AS s ON s.id = f.subscription_id "
+             f"WHERE s.deleted_at IS NULL AND f.n >= ({allowance('s')}) AND (s.paused_until IS NULL OR "
+             f"s.paused_until <= {{p}}) AND EXISTS (SELECT 1 FROM delivery WHERE subscription_id = s.id "
+             f"AND {OPEN_CONDITION} AND due_at <= {{p}})")
+_PAUSED = "SELECT COUNT(*) FROM subscription WHERE paused_until > {p} AND deleted_at IS NULL"
 
 
 class DatabaseUnavailable(Exception):
@@ -37,14 +46,17 @@ class DatabaseUnavailable(Exception):
 class Backlog:
     due: int
     oldest_due_at: int | None  # Unix ms
+    at_limit: int = 0
+    paused: int = 0
     writable: bool | None = None  # what the probe found, when asked for one (read_backlog)
 
     def oldest_due_seconds(self, now_ms: int) -> float:
         return 0.0 if self.oldest_due_at is None else max(0, now_ms - self.oldest_due_at) / 1000
 
 
-def read_backlog(now_ms: int, timeout: float, probe: bool = False) -> Backlog:
-    """Count due deliveries within `timeout` seconds: a read, never a write, so that asking (a
+def read_backlog(now_ms: int, timeout: float, most: int, probe: bool = False) -> Backlog:
+    """Count due deliveries, and subscriptions held at their limit (`most`: the most attempts in
+    flight to one) or paused, within `timeout` seconds: reads, never a write, so that asking (a
     readiness probe, a scrape, a hammer of either) costs the database no commit. Raises
     DatabaseUnavailable. With `probe`, also find out whether a write could begin (`writable`)."""
     try:
@@ -53,13 +65,17 @@ def read_backlog(now_ms: int, timeout: float, probe: bool = False) -> Backlog:
             cursor = connection.cursor()
             cursor.execute(_DUE.format(p=p), (now_ms,))
             row = cursor.fetchone()
+            cursor.execute(_AT_LIMIT.format(p=p), (now_ms, now_ms, most, most, now_ms, now_ms))
+            [at_limit] = cursor.fetchone()
+            cursor.execute(_PAUSED.format(p=p), (now_ms,))
+            [paused] = cursor.fetchone()
             writable = _write_lock_free(connection) if probe else None
     except (sqlite3.Error, psycopg2.Error) as error:
         # The driver's message may name the database host: it goes to the log, not to the caller.
         log.warning("database check failed: %s", _first_line(error))
         raise DatabaseUnavailable(f"the database could not be read within {timeout:g} s "
                                   f"({type(error).__name__})") from None
-    return Backlog(int(row[0]), None if row[1] is None else int(row[1]), writable)
+    return Backlog(int(row[0]), None if row[1] is None else int(row[1]), int(at_limit), int(paused), writable)
 
 
 def _write_lock_free(connection) -> bool:

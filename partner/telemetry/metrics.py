@@ -87,6 +87,12 @@ class _Gauges:
         yield GaugeMetricFamily("partner_delivery_oldest_due_seconds",
                                 "Age of the oldest due delivery (0 when none is due).",
                                 value=self.backlog.oldest_due_seconds(self.now_ms))
+        limited = GaugeMetricFamily("partner_subscriptions_limited",
+                                    "Subscriptions whose due deliveries wait: held at their limit of attempts "
+                                    "in flight (at_limit), or for a Retry-After (paused).", labels=["reason"])
+        limited.add_metric(["at_limit"], self.backlog.at_limit)
+        limited.add_metric(["paused"], self.backlog.paused)
+        yield limited
 
 
 def _gauges(backlog, now_ms: int) -> CollectorRegistry:
