@@ -12,8 +12,8 @@ run: $(VENV)/.installed
 test: $(VENV)/.installed
 	$(BIN)/pytest
 
-# The development loop: everything that needs no server process of its own (PostgreSQL, Redis,
-# gunicorn, a browser). `make test` still runs the whole suite.
+# The development loop: everything that needs no process of its own (PostgreSQL, Redis, gunicorn,
+# a browser, a flask command), in about a minute. `make test` still runs the whole suite.
 test-fast: $(VENV)/.installed
 	$(BIN)/pytest -m "not servers"
 

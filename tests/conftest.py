@@ -11,6 +11,7 @@ import trustme
 from partner.keys import create_key
 from models import db
 from partner import sealing
+from partner.store.connection import SQLITE_PRAGMAS
 from tests.contract import ContractClient
 from tests.receivers import RawServer, Receiver
 from tests.support import ENCRYPTION_KEYS, started_app, PUBLIC_IP, WEBHOOKS, FakeClock, StubResolver, bearer, json_of
@@ -38,6 +39,14 @@ def clock(request):
 
 
 @pytest.fixture
+def brief_busy_timeout(request, monkeypatch):
+    """SQLite's busy timeout (5 s in the product) at 200 ms, or the milliseconds a test parametrizes
+    it with (indirect), for tests of a file locked from outside: each write they try waits it out.
+    Ask for it before the app (connections take it when opened)."""
+    monkeypatch.setitem(SQLITE_PRAGMAS, "busy_timeout", getattr(request, "param", 200))
+
+
+@pytest.fixture
 def resolver():
     resolver = StubResolver({"hooks.partner.example": [PUBLIC_IP]})
     yield resolver
@@ -53,17 +62,22 @@ def pytest_generate_tests(metafunc):
         metafunc.parametrize("backend", BACKENDS, indirect=True)
 
 
-# Fixtures that start a real server process: a test that uses one (or runs on PostgreSQL) is
-# marked `servers`, and `make test-fast` leaves it out.
+# Fixtures that start a real server process: a test that uses one (or runs on PostgreSQL or Redis)
+# is marked `servers`, and `make test-fast` leaves it out. A fixture that asks for a server only
+# while it runs (request.getfixturevalue) is not among the test's fixture names: a parameter naming
+# the server (the backend's, a database_url's, a config's) or the module says so instead, and
+# servers.py refuses to hand a server to a test left unmarked.
 SERVER_FIXTURES = {"postgres_server", "own_postgres_server", "redis_server", "server_env", "gunicorn",
                    "start_prometheus"}
-SERVER_MODULES = {"test_api_live", "test_disk_full"}  # a browser, a tmpfs
+SERVER_PARAMS = {"postgresql", "redis"}
+SERVER_MODULES = {"test_api_live", "test_disk_full", "test_postgres"}  # a browser, a tmpfs, PostgreSQL throughout
 
 
 def pytest_collection_modifyitems(items):
     for item in items:
-        on_postgresql = getattr(item, "callspec", None) and item.callspec.params.get("backend") == "postgresql"
-        if on_postgresql or SERVER_FIXTURES & set(item.fixturenames) or item.module.__name__.split(".")[-1] in SERVER_MODULES:
+        params = item.callspec.params.values() if hasattr(item, "callspec") else ()
+        if (any(isinstance(param, str) and param in SERVER_PARAMS for param in params)
+                or SERVER_FIXTURES & set(item.fixturenames) or item.module.__name__.split(".")[-1] in SERVER_MODULES):
             item.add_marker("servers")
 
 

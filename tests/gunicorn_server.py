@@ -8,13 +8,12 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
 import requests
 
-from tests.support import ENCRYPTION_KEYS, free_port, open_database
+from tests.support import ENCRYPTION_KEYS, eventually, free_port, open_database
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent  # the virtualenv the suite runs in: gunicorn and flask live beside python
@@ -78,18 +77,18 @@ class Gunicorn:
 
     def wait_until_serving(self, session: requests.Session) -> None:
         """Poll until the worker answers HTTP; fail with gunicorn's own output if it dies or hangs."""
-        deadline = time.monotonic() + BOOT_SECONDS
-        while time.monotonic() < deadline:
+        def serving() -> bool:
             if self.process.poll() is not None:
                 pytest.fail(f"gunicorn exited with {self.process.returncode} before serving:\n"
                             f"{self.output()[1]}")
             try:
                 socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
                 session.get(self.base_url + "/", timeout=2)
-                return
+                return True
             except (OSError, requests.ConnectionError, requests.Timeout):
-                time.sleep(0.1)
-        pytest.fail(f"gunicorn did not serve within {BOOT_SECONDS} s:\n{self.output()[1]}")
+                return False
+        if not eventually(serving, BOOT_SECONDS, pause=0.1):
+            pytest.fail(f"gunicorn did not serve within {BOOT_SECONDS} s:\n{self.output()[1]}")
 
     def stop(self) -> int:
         self.process.send_signal(signal.SIGTERM)
@@ -138,7 +137,7 @@ class PingLoad:
                 self.answers.append(response.status_code)
                 if response.status_code == 202:
                     self.events.append(response.json()["id"])
-                time.sleep(self.pause)
+                self.stopped.wait(self.pause)
 
     def stop(self) -> None:
         self.stopped.set()

@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from tests.support import eventually
+
 
 @dataclass
 class Received:
@@ -62,6 +64,8 @@ class Receiver:
         self.server = ThreadingHTTPServer((self.host, 0), Handler)
         self.server.daemon_threads = True
         self.server.handle_error = lambda request, address: None  # a refused handshake may be the point
+        # Set by stop(): a step still hanging or dripping ends, since closing the server waits for it.
+        self.server.stopped = threading.Event()
         if self.tls:  # the handshake happens in the handler's thread, on its first read
             self.server.socket = self.tls.wrap_socket(self.server.socket, server_side=True,
                                                       do_handshake_on_connect=False)
@@ -77,27 +81,26 @@ class Receiver:
         return f"{'https' if self.tls else 'http'}://{host}:{self.server.server_port}/hook"
 
     def stop(self) -> None:
+        self.server.stopped.set()
         self.server.shutdown()
         self.server.server_close()
 
-    def wait_for(self, count: int, seconds: float = 5.0) -> bool:
-        deadline = time.monotonic() + seconds
-        while len(self.received) < count and time.monotonic() < deadline:
-            time.sleep(0.005)
-        return len(self.received) >= count
+    def wait_for(self, count: int, seconds: float = 30.0) -> bool:
+        """Whether `count` deliveries have arrived within `seconds` (generous: see support.eventually)."""
+        return eventually(lambda: len(self.received) >= count, seconds, pause=0.005)
 
 
 def hang(seconds: float):
-    """A step that accepts the request and answers nothing for `seconds`."""
+    """A step that accepts the request and answers nothing for `seconds` (or until the receiver stops)."""
     def step(handler):
-        time.sleep(seconds)
+        handler.server.stopped.wait(seconds)
     return step
 
 
 def late(seconds: float, status: int = 200):
-    """A step that answers `status` after `seconds`: a slow partner."""
+    """A step that answers `status` after `seconds` (or once the receiver stops): a slow partner."""
     def step(handler):
-        time.sleep(seconds)
+        handler.server.stopped.wait(seconds)
         handler.send_response(status)
         handler.send_header("Content-Length", "0")
         handler.end_headers()
@@ -105,7 +108,8 @@ def late(seconds: float, status: int = 200):
 
 
 def drip(seconds: float, interval: float = 0.1):
-    """A step that sends 200 headers, then one body byte every `interval` for `seconds`."""
+    """A step that sends 200 headers, then one body byte every `interval` for `seconds` (or until the
+    receiver stops)."""
     def step(handler):
         handler.send_response(200)
         handler.send_header("Content-Length", str(int(seconds / interval) + 1))
@@ -115,7 +119,8 @@ def drip(seconds: float, interval: float = 0.1):
             while time.monotonic() < deadline:
                 handler.wfile.write(b"x")
                 handler.wfile.flush()
-                time.sleep(interval)
+                if handler.server.stopped.wait(interval):
+                    return
         except OSError:
             pass
     return step

@@ -11,7 +11,6 @@ import shutil
 import signal
 import subprocess
 import tempfile
-import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +18,7 @@ from urllib.parse import quote
 
 import pytest
 
-from tests.support import free_port
+from tests.support import eventually, free_port
 
 INSTALL_HINT = "run scripts/test-services.sh to install it"
 DATABASE = "partner"  # the one database on the test server; each test has a schema in it
@@ -55,14 +54,11 @@ def stop_server(process: subprocess.Popen, watchdog: Watchdog | None) -> None:
 
 
 def wait_until(ready, process: subprocess.Popen, what: str, log: Path) -> None:
-    deadline = time.monotonic() + START_SECONDS
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            break
-        if ready():
-            return
-        time.sleep(0.05)
-    raise RuntimeError(f"{what} did not start:\n{log.read_text(errors='replace')[-2000:]}")
+    """Return once `ready()`; raise with the server's log if it exits first or is not ready in time."""
+    def ready_or_gone() -> bool:
+        return process.poll() is not None or ready()
+    if not eventually(ready_or_gone, START_SECONDS, pause=0.05) or process.poll() is not None:
+        raise RuntimeError(f"{what} did not start:\n{log.read_text(errors='replace')[-2000:]}")
 
 
 # --- Redis ----------------------------------------------------------------------------------------
@@ -119,9 +115,17 @@ def redis_server(tmp_path_factory):
     server.stop()
 
 
+def marked_servers(request) -> None:
+    """A test handed a server must be marked `servers` (conftest.py), or `make test-fast` would run
+    it and start the server."""
+    if request.node.get_closest_marker("servers") is None:
+        raise pytest.UsageError(f"{request.node.nodeid} starts a server but is not marked `servers`")
+
+
 @pytest.fixture
-def redis_url(redis_server):
+def redis_url(request, redis_server):
     """A Redis URL on an empty database: every test starts with no counted requests."""
+    marked_servers(request)
     redis_server.client().flushall()
     return redis_server.url()
 
@@ -197,9 +201,12 @@ class PostgresServer:
         postmaster = int((self.root / "data" / "postmaster.pid").read_text().split()[0])
         os.kill(postmaster, signal.SIGSTOP)  # first: then it starts no process while the others stop
         self.frozen.append(postmaster)
-        for pid in children(postmaster):
-            os.kill(pid, signal.SIGSTOP)
-            self.frozen.append(pid)
+        # Again until none is left running: a backend forked just before the postmaster stopped may
+        # show in /proc only after the first look.
+        while running := [pid for pid in children(postmaster) if pid not in self.frozen]:
+            for pid in running:
+                os.kill(pid, signal.SIGSTOP)
+                self.frozen.append(pid)
 
     def thaw(self) -> None:
         for pid in self.frozen:
@@ -280,13 +287,15 @@ def postgres_server():
 
 
 @pytest.fixture
-def own_postgres_server():
+def own_postgres_server(request):
     """A PostgreSQL server for this test alone, for tests that stop it: the session's is shared."""
+    marked_servers(request)
     yield from running_postgres()
 
 
 @pytest.fixture
-def postgres_url(postgres_server):
+def postgres_url(request, postgres_server):
     """A database URL for this test alone: an empty schema of its own. Nothing is dropped
     afterwards: the whole server is thrown away at the end of the session."""
+    marked_servers(request)
     return postgres_server.url(postgres_server.create_schema())

@@ -116,14 +116,33 @@ def run_together(*work: Callable[[], object]) -> list[Exception]:
     return errors
 
 
-def eventually(condition: Callable[[], object], seconds: float = 5.0, pause: float = 0.05) -> bool:
-    """Whether `condition()` comes true within `seconds`, asked again every `pause`."""
+# What a loaded machine may add to a real wait (a deadline, a timer, a thread's turn): a bound on
+# wall-clock time allows this much, and what it guards against (an attempt the deadline does not
+# cut, a poll's 60 s, a wait that never ends) takes far longer.
+SLACK_SECONDS = 5.0
+
+
+def eventually(condition: Callable[[], object], seconds: float = 30.0, pause: float = 0.02) -> bool:
+    """Whether `condition()` comes true within `seconds`, asked again every `pause`. The default is
+    generous: a condition that holds returns at once, and only a failing test waits it out."""
     deadline = time.monotonic() + seconds
     while not condition():
         if time.monotonic() > deadline:
             return False
         time.sleep(pause)
     return True
+
+
+def counting_scans(dispatcher) -> list[int]:
+    """What each scan of `dispatcher` returned (how many it started), once it returned: its
+    scheduler's polls and wakes and its refills after an attempt. Call it before start()."""
+    scans, scan = [], dispatcher.scan
+
+    def counted() -> int:
+        scans.append(scan())
+        return scans[-1]
+    dispatcher.scan = counted
+    return scans
 
 
 def query_plan(database, action) -> str:
@@ -193,19 +212,21 @@ class FakeClock:
 class StubResolver:
     """A DNS resolver answering from `answers` (a name's list of addresses, or an exception to raise),
     else `default`; records every lookup. Names in `stalled` get no answer until `released` is set
-    (the resolver fixture sets it at teardown)."""
+    (the resolver fixture sets it at teardown); names in `slow` answer that many seconds after they
+    are asked (or once released)."""
 
     def __init__(self, answers: dict | None = None, default=()):
         self.answers = dict(answers or {})
         self.default = default
         self.lookups: list[str] = []
         self.stalled: set[str] = set()
+        self.slow: dict[str, float] = {}
         self.released = threading.Event()
 
     def __call__(self, host: str) -> list[str]:
         self.lookups.append(host)
-        if host in self.stalled:
-            self.released.wait(60)
+        if host in self.stalled or host in self.slow:
+            self.released.wait(self.slow.get(host, 60))
         answer = self.answers.get(host, self.default)
         if isinstance(answer, Exception):
             raise answer

@@ -4,7 +4,6 @@ gunicorn that accepts and delivers pings throughout."""
 import re
 import sqlite3
 import subprocess
-import time
 
 import pytest
 
@@ -14,20 +13,12 @@ from partner.store import backup, migrations
 from partner.errors import OperatorError
 from partner.keys import create_key
 from tests.gunicorn_server import STOP_SECONDS, Gunicorn, PingLoad, flask, run_flask
-from tests.receivers import Receiver
+from tests.receivers import Receiver, late
 from tests.support import eventually
 from tests.test_migrations import assert_no_plaintext_secret, build_release
 
 FEEDERS = 4
 LATEST = migrations.number(migrations.names()[-1])
-
-
-def slow_ok(handler):
-    """A receiver slower than the pings come in: a backlog of pending deliveries builds up."""
-    time.sleep(0.2)
-    handler.send_response(200)
-    handler.send_header("Content-Length", "0")
-    handler.end_headers()
 
 
 def flask_db(env, *args: str) -> subprocess.CompletedProcess:
@@ -42,7 +33,7 @@ def rows(path, sql: str) -> list:
 def test_a_backup_under_load_restores_every_acknowledged_event_and_delivers_the_pending_ones(
         server_env, session, tmp_path):
     server_env.update(PARTNER_WEBHOOK_ALLOWED_NETWORKS='["127.0.0.0/8"]', PARTNER_DELIVERY_POLL_INTERVAL="0.05")
-    receiver = Receiver(script=[slow_ok]).start()
+    receiver = Receiver(script=[late(0.2)]).start()  # slower than the pings come in: a backlog builds up
     live = Gunicorn(server_env, tmp_path / "live")
     restored, load = None, None
     try:
@@ -51,11 +42,13 @@ def test_a_backup_under_load_restores_every_acknowledged_event_and_delivers_the_
                     "--rate-limit", "1000000")
         # ~20 pings a second per subscription against ~5 deliveries: a backlog, not a flood.
         load = PingLoad(live.base_url, key, receiver.url, FEEDERS, pause=0.05)
-        time.sleep(1.5)
+        assert eventually(lambda: len(load.events) - len(receiver.received) >= 20)  # a backlog of 20
         acknowledged = set(load.events)  # every 202 answered before the backup began
         path = tmp_path / "backup.sqlite3"
         made = flask_db(server_env, "backup", str(path))
-        time.sleep(0.5)  # still accepting and delivering after it
+        accepted, sent = len(load.events), len(receiver.received)
+        # Still accepting and delivering after it.
+        assert eventually(lambda: len(load.events) > accepted + 5 and len(receiver.received) > sent + 2)
         load.stop()
         assert made.returncode == 0, made.stderr
         assert re.fullmatch(rf"backup {path}: \d+ bytes, schema \d+, integrity ok", made.stdout.splitlines()[-1])
@@ -96,6 +89,7 @@ def still_pending(database, events: set) -> set:
 @pytest.fixture
 def backed_up(server_env, tmp_path) -> str:
     """A backup of a database with a key in it."""
+    open_database(server_env["PARTNER_DATABASE_URL"]).close_all()  # as the service's first start makes it
     flask(server_env, "keys", "create", "--org", "acme")
     path = str(tmp_path / "backup.sqlite3")
     assert flask_db(server_env, "backup", path).returncode == 0

@@ -65,6 +65,7 @@ def assert_claimed_exactly_once(per_claimer: list[list[str]], due: set[str]) -> 
     assert set(every) == due, "a due delivery was never claimed"
 
 
+@pytest.mark.servers  # two scanner processes
 def test_two_processes_claim_every_due_delivery_exactly_once(database_url, due):
     context = multiprocessing.get_context("spawn")  # a fresh interpreter: nothing inherited
     start, results = context.Barrier(2), context.Queue()

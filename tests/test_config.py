@@ -7,7 +7,7 @@ import time
 import pytest
 
 from app import create_app
-from tests.support import started_app
+from tests.support import open_database, started_app
 from partner.config import separate_budgets
 from partner.errors import StartRefused
 from partner.outbound import ssrf
@@ -116,6 +116,7 @@ def test_known_variables_warn_of_nothing_and_seams_say_they_are_ignored(config, 
 
 
 def test_an_operator_command_warns_of_a_mistyped_variable_once(server_env):
+    open_database(server_env["PARTNER_DATABASE_URL"]).close_all()
     result = run_flask({**server_env, "PARTNER_DATABSE_URL": "sqlite:////nowhere"}, "keys", "list")
     assert result.returncode == 0, result.stderr
     assert result.stderr.count("PARTNER_DATABSE_URL") == 1 and "did you mean PARTNER_DATABASE_URL?" in result.stderr

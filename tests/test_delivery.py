@@ -6,7 +6,6 @@ import gzip
 import json
 import socket
 import sqlite3
-import threading
 import time
 
 import pytest
@@ -18,7 +17,7 @@ from models import Delivery, Failure, Subscription, db
 from tests.receivers import Receiver, drip, drip_bytes, hang, read_request
 from partner.timestamps import iso
 from delivery import LOOKUP_BUSY_RETRY_SECONDS
-from tests.support import WEBHOOKS, bearer, eventually, field_codes, json_of, ping_as
+from tests.support import SLACK_SECONDS, WEBHOOKS, bearer, counting_scans, eventually, field_codes, json_of, ping_as
 
 DAY = 86400
 
@@ -165,18 +164,16 @@ def test_success_after_failures_resets_the_counter(dispatcher, receiver, subscri
     assert listed(subscription)["consecutive_failures"] == 0
 
 
-@pytest.mark.config(DELIVERY_TIMEOUT=1)
-@pytest.mark.parametrize("step", [hang(3), drip(3)], ids=["silent", "slow-drip"])
+@pytest.mark.config(DELIVERY_TIMEOUT=0.5)
+@pytest.mark.parametrize("step", [hang(60), drip(60)], ids=["silent", "slow-drip"])
 def test_timeout_and_slow_drip_end_at_the_deadline(dispatcher, receiver, subscribe, ping, failures, step):
     subscription = subscribe(receiver.url)
     receiver.script = [step]
     ping(subscription)
-    started = time.monotonic()
-    dispatcher.run_due()
-    assert time.monotonic() - started < 1.5
+    assert 0.5 <= seconds_taken(dispatcher.run_due) < 0.5 + SLACK_SECONDS  # not the minute it would last
     [record] = failures(subscription)["data"]
     assert record["error"] == "timeout"
-    assert 900 <= record["duration_ms"] < 1500
+    assert 500 <= record["duration_ms"] < (0.5 + SLACK_SECONDS) * 1000
 
 
 def test_redirect_is_recorded_and_not_followed(failed_attempt, dispatcher, subscribe, ping, failures):
@@ -256,9 +253,11 @@ def test_dns_rebinding_to_an_internal_address_fails_without_connecting(failed_at
 
 
 @pytest.mark.config(WEBHOOK_ALLOWED_NETWORKS=["127.0.0.1/32"])
-@pytest.mark.config(SCHEDULER_ENABLED=True, DELIVERY_TIMEOUT=2, DELIVERY_CONCURRENCY=4)
+@pytest.mark.config(SCHEDULER_ENABLED=True, DELIVERY_TIMEOUT=60, DELIVERY_CONCURRENCY=4)
 def test_subscriptions_whose_last_attempt_failed_hold_at_most_half_the_slots(app, dispatcher, subscribe, ping):
-    slow, fast = Receiver(script=[hang(2)]).start(), Receiver().start()
+    """The slow receiver answers nothing until the test ends: had the failing subscriptions taken
+    every slot, nothing would reach the fast one."""
+    slow, fast = Receiver(script=[hang(60)]).start(), Receiver().start()
     try:
         failing = [subscribe(slow.url) for _ in range(4)]
         with app.app_context(), db.connection_context():
@@ -269,7 +268,7 @@ def test_subscriptions_whose_last_attempt_failed_hold_at_most_half_the_slots(app
         assert slow.wait_for(2)
         for subscription in [subscribe(fast.url) for _ in range(4)]:
             ping(subscription)
-        assert fast.wait_for(4, seconds=1.5)
+        assert fast.wait_for(4)
         assert len(slow.received) == 2  # the other two wait for a failing slot
     finally:
         slow.stop()
@@ -304,22 +303,32 @@ def test_a_lookup_that_does_not_answer_in_time_is_a_timeout_lasting_the_deadline
     [record] = failures(subscription)["data"]
     assert (record["error"], record["http_status"]) == ("timeout", None)
     assert record["error_detail"] == "deadline of 0.5 s reached while resolving the host name"
-    assert 500 <= record["duration_ms"] < 1500
-    assert 0.5 <= elapsed < 1.5
+    assert 500 <= record["duration_ms"] < (0.5 + SLACK_SECONDS) * 1000
+    assert 0.5 <= elapsed < 0.5 + SLACK_SECONDS  # the stalled lookup answers only when the test ends
     assert receiver.received == []
 
 
 @pytest.mark.config(DELIVERY_TIMEOUT=1)
 def test_the_lookup_counts_against_the_attempts_deadline(resolver, subscribe, ping, dispatcher, failures):
-    slow = Receiver(script=[hang(2)]).start()
+    slow = Receiver(script=[hang(60)]).start()
+    transport, left_for_the_post = dispatcher.sender.transport, []
+
+    def post(target, body, headers, deadline):
+        left_for_the_post.append(deadline.remaining())
+        return type(transport).post(transport, target, body, headers, deadline)
+
+    transport.post = post
     try:
-        subscription = subscribe_stalled(resolver, subscribe, slow, "late.partner.example")
+        resolver.answers["late.partner.example"] = ["127.0.0.1"]
+        subscription = subscribe(slow.url_for("late.partner.example"))
+        resolver.slow["late.partner.example"] = 0.3  # of the attempt's 1 s
         ping(subscription)
-        threading.Timer(0.6, resolver.released.set).start()  # answers after 0.6 of the 1 s
         elapsed = seconds_taken(dispatcher.run_due)
         [record] = failures(subscription)["data"]
         assert record["error"] == "timeout"
-        assert 1.0 <= elapsed < 1.5 and 1000 <= record["duration_ms"] < 1500
+        [left] = left_for_the_post
+        assert left <= 0.7  # what the lookup left of the deadline, not a deadline of its own
+        assert 1.0 <= elapsed < 1 + SLACK_SECONDS and 1000 <= record["duration_ms"] < (1 + SLACK_SECONDS) * 1000
     finally:
         slow.stop()
 
@@ -400,12 +409,11 @@ def test_a_late_finish_after_the_lease_was_taken_over_is_not_recorded(app, dispa
 @pytest.mark.both_databases
 def test_the_scanner_delivers_a_ping_at_once_not_at_the_next_poll(dispatcher, receiver, subscribe, ping):
     subscription = subscribe(receiver.url)
+    scans = counting_scans(dispatcher)
     dispatcher.start()
-    time.sleep(0.2)  # let the first scan (at start) pass
-    started = time.monotonic()
+    assert eventually(lambda: scans)  # the first scan (at start) found nothing
     assert ping(subscription).status_code == 202
-    assert receiver.wait_for(1, seconds=5)
-    assert receiver.received[0].arrived_at - started < 1.0
+    assert receiver.wait_for(1, seconds=30)  # the next poll is 60 s away
 
 
 @pytest.mark.config(DELIVERY_POLL_INTERVAL=60, SCHEDULER_ENABLED=True, DELIVERY_RETRY_DELAYS=[0.5], CLOCK=time.time)
@@ -415,29 +423,28 @@ def test_a_retry_goes_out_when_it_is_due_not_at_the_next_poll(dispatcher, start_
     subscription = subscribe(receiver.url)
     dispatcher.start()
     assert ping(subscription).status_code == 202
-    assert receiver.wait_for(2, seconds=5)
+    assert receiver.wait_for(2, seconds=30)  # the next poll is 60 s away
     first, retry = receiver.received
-    assert 0.5 <= retry.arrived_at - first.arrived_at < 0.5 * 1.1 + 0.25  # the delay, its jitter, the attempt
+    assert 0.5 <= retry.arrived_at - first.arrived_at  # not before its delay
 
 
-@pytest.mark.config(SCHEDULER_ENABLED=True, DELIVERY_TIMEOUT=3, DELIVERY_CONCURRENCY=4)
+@pytest.mark.config(SCHEDULER_ENABLED=True, DELIVERY_TIMEOUT=60, DELIVERY_CONCURRENCY=4)
 @pytest.mark.parametrize("slow_events", [1, 6])
 @pytest.mark.both_databases
 def test_one_slow_target_does_not_delay_the_others(dispatcher, subscribe, ping, slow_events):
-    """A subscription has one attempt in flight at most, so a hanging one holds one slot of four."""
-    slow, fast = Receiver(script=[hang(3)]).start(), Receiver().start()
+    """A subscription has one attempt in flight at most, so a hanging one holds one slot of four.
+    It answers nothing until the test ends: nothing that waits for it arrives meanwhile."""
+    slow, fast = Receiver(script=[hang(60)]).start(), Receiver().start()
     try:
         slow_subscription = subscribe(slow.url)
         fast_subscriptions = [subscribe(fast.url) for _ in range(6)]
         for _ in range(slow_events):
             ping(slow_subscription)
         dispatcher.start()
-        started = time.monotonic()
         assert slow.wait_for(1)
         for subscription in fast_subscriptions:
             ping(subscription)
-        assert fast.wait_for(6, seconds=2.5)
-        assert max(r.arrived_at for r in fast.received) - started < 2.0
+        assert fast.wait_for(6)
         assert len(slow.received) == 1  # its other events wait for its one attempt to end
     finally:
         slow.stop()
@@ -566,13 +573,10 @@ def test_a_hostile_receiver_costs_one_recorded_attempt_and_frees_the_only_slot(
     hostile = subscribe(serve_raw(behave).url)
     healthy = subscribe(receiver.url)
     dispatcher.start()
-    started = time.monotonic()
     event_id = json_of(ping(hostile), 202)["id"]
-    while not failures(hostile)["data"] and time.monotonic() - started < HOSTILE_TIMEOUT + 5:
-        time.sleep(0.02)
-    assert time.monotonic() - started < HOSTILE_TIMEOUT + 2  # cut at the deadline (+ a busy machine's lag)
+    assert eventually(lambda: failures(hostile)["data"], seconds=HOSTILE_TIMEOUT + SLACK_SECONDS)  # cut at the deadline
     json_of(ping(healthy), 202)
-    assert receiver.wait_for(1, seconds=2)  # the one delivery slot is free again: the worker is not stuck
+    assert receiver.wait_for(1)  # the one delivery slot is free again: the worker is not stuck
 
     [record] = failures(hostile)["data"]
     assert (record["event_id"], record["attempt"], record["http_status"], record["error"]) == \
@@ -607,9 +611,7 @@ def test_a_failing_refill_scan_is_logged_not_lost(app, dispatcher, receiver, sub
     subscription = subscribe(receiver.url)
     assert ping(subscription).status_code == ping(subscription).status_code == 202
     dispatcher.start()
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and not _refill_errors(caplog):
-        time.sleep(0.05)
+    assert eventually(lambda: _refill_errors(caplog))
     [record] = _refill_errors(caplog)
     assert "claims refused" in str(record.exc_info[1])
 

@@ -15,7 +15,6 @@ import logging
 import os
 import sqlite3
 import subprocess
-import time
 
 import pytest
 
@@ -24,7 +23,8 @@ from partner.errors import StartRefused
 from partner.telemetry.logs import database_name
 from tests.contract import ContractClient
 from tests.receivers import Receiver
-from tests.support import ME, PUBLIC_URL, WEBHOOKS, assert_problem, assert_unavailable, bearer, json_of
+from tests.support import (ME, PUBLIC_URL, WEBHOOKS, assert_problem, assert_unavailable, bearer, counting_scans,
+                           eventually, json_of)
 
 DISK_BYTES = 4 * 2**20
 
@@ -86,6 +86,7 @@ def test_a_full_disk_is_503_for_writes_reads_served_logged_once_and_the_same_pro
         app, client, auth, disk, database_url, caplog):
     receiver = Receiver().start()
     dispatcher = app.extensions["delivery"]
+    scans = counting_scans(dispatcher)
     try:
         subscription = json_of(client.post(WEBHOOKS, json={"url": receiver.url}, headers=auth), 201)
         acknowledged = json_of(client.post(f"{WEBHOOKS}/{subscription['id']}/test",
@@ -107,7 +108,7 @@ def test_a_full_disk_is_503_for_writes_reads_served_logged_once_and_the_same_pro
         assert json_of(client.get(f"{WEBHOOKS}/{subscription['id']}/failures", headers=auth), 200)["data"] == []
         detail = assert_problem(client.get("/readyz"), 503, "not_ready")["detail"]
         assert detail.startswith("database: the database cannot take a write"), detail
-        time.sleep(1.5)  # 30 polls' worth, had the scanner not backed off
+        assert eventually(lambda: len(scans) >= 30)  # 30 polls: 30 failures, had the scanner not backed off
         assert receiver.received == []
 
         disk.free()
@@ -125,22 +126,24 @@ def test_a_full_disk_is_503_for_writes_reads_served_logged_once_and_the_same_pro
     assert failures_meanwhile - len(writes) <= 3, recovery  # the scanner's: 1 s, then 2 s apart
 
 
-def test_started_on_a_full_disk_it_says_so_once_and_serves_reads(config, disk, database_url, api_key, caplog):
-    """`api_key` was issued on the first app, which made the database; this is the restart."""
+def test_started_on_a_full_disk_it_starts_serves_reads_and_says_so_at_the_first_write(
+        config, disk, database_url, api_key, caplog):
+    """`api_key` was issued on the first app, which made the database; this is the restart. An
+    up-to-date database needs no write to start, so the full disk shows at the first write."""
     truncate_wal(database_url)
     disk.fill()
     with caplog.at_level(logging.INFO):
         app = started_app(config)
-    [line] = logged(caplog, "app", logging.ERROR)
-    assert line == (f"database {database_url} cannot take a write now (OperationalError: database or disk "
-                    "is full): API writes answer 503 and /readyz reports not ready until it can")
+    assert logged(caplog, "partner.startup", logging.ERROR) == []
     app.test_client_class = ContractClient
     client = app.test_client()
     assert client.get(ME, headers=bearer(api_key)).status_code == 200
-    assert_problem(client.get("/readyz"), 503, "not_ready")
     assert client.get("/healthz").status_code == 200
+    assert_unavailable(client.post(WEBHOOKS, json={"url": PUBLIC_URL}, headers=bearer(api_key)))
+    [line] = logged(caplog, "partner.store.availability", logging.ERROR)
+    assert line.startswith("database unavailable (OperationalError: database or disk is full)"), line
+    assert_problem(client.get("/readyz"), 503, "not_ready")
     disk.free()
-    assert_problem(client.get("/readyz"), 503, "not_ready")  # /readyz never writes to find out
     assert client.post(WEBHOOKS, json={"url": PUBLIC_URL}, headers=bearer(api_key)).status_code == 201
     assert client.get("/readyz").status_code == 200  # a committed write ended the outage
 
@@ -165,7 +168,7 @@ def test_a_database_nobody_holds_open_on_a_full_disk_cannot_be_opened_and_start_
     disk.fill()
     with pytest.raises(StartRefused):
         started_app(config)
-    [line] = logged(caplog, "app", logging.ERROR)
-    assert line == (f"database {database_url} cannot be opened (OperationalError: disk I/O error): the service "
+    [line] = logged(caplog, "partner.startup", logging.ERROR)
+    assert line == (f"database {database_url} cannot read its schema version (OperationalError: disk I/O error): the service "
                     "cannot start until it can (SQLite: its folder must exist, writable by the service's user, "
                     "with free room for the -wal and -shm files)")

@@ -196,6 +196,7 @@ def _load_key_file(path: str, start: multiprocessing.synchronize.Barrier, keys: 
     keys.put(sealing.load_keyring(None, path, True).sealing_id)
 
 
+@pytest.mark.servers  # service processes starting together
 def test_services_starting_together_make_one_key_file_and_all_use_it(tmp_path):
     """Four processes at the first start, twenty times: each must read the whole key the first one made."""
     forked = multiprocessing.get_context("fork")

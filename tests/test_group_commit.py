@@ -2,7 +2,6 @@
 (group_commit.py), each caller still getting its own result or error."""
 
 import threading
-import time
 
 import pytest
 from peewee import IntegrityError
@@ -13,7 +12,7 @@ from partner.store.group_commit import GroupCommit
 from partner.outbox import Outcome, claim_due, write_outcomes
 from partner.outbound.transport import AttemptResult
 from partner.retry import RetryPolicy
-from tests.support import allow_in_sqlite, refuse_in_sqlite, run_together
+from tests.support import allow_in_sqlite, eventually, refuse_in_sqlite, run_together
 from tests.test_fair_claims import LEASE, NOW, claimed_ping, enqueue_ping, expired_and_next, subscriptions
 
 POLICY = RetryPolicy([60], 20)
@@ -24,19 +23,24 @@ SAVE = ("INSERT INTO setting (name, value) VALUES ({p}, 'saved') "
 
 
 class Counted:
-    """A batch writer that keeps the size of each batch it writes. The first batch keeps the writer
-    `hold_first` seconds after writing, so that the others queue."""
+    """A batch writer that keeps the size of each batch it writes. Given `items` (how many the test
+    runs), the first batch keeps the writer until all the others are queued behind it."""
 
-    def __init__(self, write_items, hold_first: float = 0.0):
-        self.write_items, self.hold_first = write_items, hold_first
+    def __init__(self, write_items, items: int = 0):
+        self.write_items, self.items = write_items, items
         self.batches: list[int] = []
+        self.group: GroupCommit | None = None
 
     def __call__(self, items):
         self.batches.append(len(items))
         results = self.write_items(items)
-        if len(self.batches) == 1:
-            time.sleep(self.hold_first)
+        if len(self.batches) == 1 and self.items:
+            assert eventually(lambda: self.batches[0] + len(self.group._queue) == self.items)
         return results
+
+    def grouped(self) -> GroupCommit:
+        self.group = GroupCommit(self)
+        return self.group
 
 
 def recorded_by(policy):
@@ -48,8 +52,8 @@ def test_outcomes_finishing_together_are_written_together_and_each_caller_gets_i
     for subscription in subscriptions(organization("acme"), 20):
         enqueue_ping(subscription)
     claims = claim_due(NOW, 64, LEASE)
-    counted = Counted(recorded_by(POLICY), hold_first=0.3)
-    group = GroupCommit(counted)
+    counted = Counted(recorded_by(POLICY), items=len(claims))
+    group = counted.grouped()
     recorded = {}
 
     def finish(claim):
@@ -69,7 +73,7 @@ def test_each_caller_gets_its_own_outcome_from_a_mixed_batch(database, organizat
         enqueue_ping(subscription)
     claims = claim_due(NOW, 64, LEASE)
     failed = {claims[1].event_id, claims[4].event_id}
-    group = GroupCommit(Counted(recorded_by(POLICY), hold_first=0.3))
+    group = Counted(recorded_by(POLICY), items=len(claims)).grouped()
     recorded = {}
 
     def finish(claim):
@@ -89,7 +93,8 @@ def test_a_batch_cut_short_leaves_no_caller_waiting_or_without_an_answer(databas
             raise KeyboardInterrupt  # not an Exception: it ends the writing thread's batch
         return names
 
-    group = GroupCommit(Counted(write, hold_first=0.3))
+    counted = Counted(write, items=4)
+    group = counted.grouped()
     answers = {}
 
     def run(name):
@@ -102,7 +107,7 @@ def test_a_batch_cut_short_leaves_no_caller_waiting_or_without_an_answer(databas
     threads = [threading.Thread(target=run, args=(name,)) for name in names]
     for thread in threads:
         thread.start()
-        time.sleep(0.05 if thread is threads[0] else 0)  # "first" writes alone, the others queue
+        assert eventually(lambda: counted.batches)  # "first" writes alone, the others queue
     for thread in threads:
         thread.join(timeout=10)
     assert not any(thread.is_alive() for thread in threads)
@@ -120,8 +125,9 @@ def test_an_item_that_fails_costs_the_others_in_its_batch_nothing(database):
                 run_sql(SAVE, (name,))
         return names
 
-    counted = Counted(save, hold_first=0.3)
-    group = GroupCommit(counted)
+    names = ["first", "a", "refused", "b", "c"]
+    counted = Counted(save, items=len(names))
+    group = counted.grouped()
     outcomes = {}
 
     def write(name):
@@ -130,7 +136,6 @@ def test_an_item_that_fails_costs_the_others_in_its_batch_nothing(database):
         except ValueError as error:
             outcomes[name] = error
 
-    names = ["first", "a", "refused", "b", "c"]
     assert run_together(*[lambda name=name: write(name) for name in names]) == []
     assert isinstance(outcomes.pop("refused"), ValueError)
     assert outcomes == {name: name for name in names if name != "refused"}

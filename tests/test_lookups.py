@@ -8,7 +8,7 @@ import pytest
 
 from partner.outbound.dns import Lookups, LookupsBusy
 from partner.outbound.transport import Deadline
-from tests.support import StubResolver, eventually
+from tests.support import SLACK_SECONDS, StubResolver, eventually
 
 ANSWER = ["93.184.215.14"]
 
@@ -31,8 +31,8 @@ def stuck(lookups: Lookups, resolver: StubResolver, tenant: str, *names: str) ->
 def refused_at_once(lookups: Lookups, host: str, tenant: str) -> bool:
     started = time.monotonic()
     with pytest.raises(LookupsBusy):
-        lookups.resolve(host, tenant, 5)
-    return time.monotonic() - started < 0.5
+        lookups.resolve(host, tenant, 30)
+    return time.monotonic() - started < SLACK_SECONDS  # queued, it would wait its 30 s
 
 
 def test_an_answer_in_time_is_returned(resolver):
@@ -52,7 +52,7 @@ def test_waiting_ends_at_the_callers_deadline(resolver):
     started = time.monotonic()
     with pytest.raises(TimeoutError):
         Lookups(resolver).resolver_for("acme", Deadline(0.3).remaining)("hooks.partner.example")
-    assert 0.3 <= time.monotonic() - started < 0.8
+    assert 0.3 <= time.monotonic() - started < 0.3 + SLACK_SECONDS  # stalled until the test ends
 
 
 def test_a_caller_whose_deadline_has_passed_starts_no_lookup(resolver):

@@ -132,6 +132,7 @@ def test_a_new_database_says_its_migrations_are_recorded_not_run(database_url, c
     assert lines[said + 1:] == [f"up: {name} [FAKE]" for name in migrations.names()]
 
 
+@pytest.mark.servers  # flask commands, each in a process of its own
 def test_a_database_newer_than_the_code_is_refused_and_left_untouched(database_url, caplog):
     open_database(database_url)
     future = raw(database_url)
@@ -149,6 +150,7 @@ def test_a_database_newer_than_the_code_is_refused_and_left_untouched(database_u
     assert operator.stderr.strip().splitlines() == refusals
 
 
+@pytest.mark.servers  # flask commands, each in a process of its own
 def test_an_operator_command_on_a_database_that_cannot_be_opened_says_why_in_one_line():
     url = f"postgresql://partner@127.0.0.1:{free_port()}/partner"  # nothing listens there
     operator = flask_on(url, "keys", "list")
@@ -183,6 +185,7 @@ def flask_on(database_url: str, *args: str, key_file: Path | None = None, **opti
     return run_flask({**env, "PARTNER_DATABASE_URL": database_url}, *args, **options)
 
 
+@pytest.mark.servers  # flask commands, each in a process of its own
 def test_db_status_and_upgrade_as_an_operator_runs_them(database_url):
     build_release(database_url, "1.0")
     pending = flask_on(database_url, "db", "status")
@@ -201,6 +204,7 @@ def test_db_status_and_upgrade_as_an_operator_runs_them(database_url):
     assert newer.returncode == 2 and "9999_future" in newer.stdout
 
 
+@pytest.mark.servers  # flask commands, each in a process of its own
 @pytest.mark.parametrize("launcher", [FLASK, (sys.executable, "-m", "flask")])
 def test_db_status_changes_nothing_however_flask_is_launched(database_url, launcher):
     build_release(database_url, "1.0")
@@ -209,6 +213,7 @@ def test_db_status_changes_nothing_however_flask_is_launched(database_url, launc
         assert pending.returncode == 1 and "pending: 0001_baseline" in pending.stdout, pending.stderr
 
 
+@pytest.mark.servers  # flask commands, each in a process of its own
 @pytest.mark.parametrize("command", [("status",), ("upgrade",), ("backup", "copy.sqlite3")])
 def test_a_schema_command_on_no_database_says_so_and_makes_none(tmp_path, command):
     path, key_file = tmp_path / "mistyped.sqlite3", tmp_path / "instance" / "encryption.key"
@@ -226,6 +231,7 @@ def made_nothing(database_url: str) -> bool:
         return database.get_tables() == []
 
 
+@pytest.mark.servers  # flask commands, each in a process of its own
 def test_db_status_tells_an_empty_database_from_an_old_release(database_url):
     if database_url.startswith("sqlite"):
         sqlite3.connect(database_url.removeprefix("sqlite:///")).close()  # a file of 0 bytes
@@ -242,6 +248,7 @@ def test_db_status_tells_an_empty_database_from_an_old_release(database_url):
                                           (("db",), "upgrade"), (("db", "--help"), "upgrade"),
                                           (("db", "status", "--help"), "Schema version"),
                                           (("keys", "create", "--help"), "--org")])
+@pytest.mark.servers  # flask commands, each in a process of its own
 def test_help_opens_no_database_and_makes_no_key_file(database_url, tmp_path, args, listed):
     """On SQLite without keys, which the service would make; on PostgreSQL with them, or the start
     would be refused before any table is made."""
@@ -252,6 +259,7 @@ def test_help_opens_no_database_and_makes_no_key_file(database_url, tmp_path, ar
     assert made_nothing(database_url) and not key_file.parent.exists()
 
 
+@pytest.mark.servers  # flask commands, each in a process of its own
 def test_schema_commands_other_than_upgrade_read_no_keys(tmp_path):
     """Only `db upgrade` may open a secret (0002 seals a release 1.1 database's): status, backup and
     restore never make the key file."""
@@ -267,6 +275,7 @@ def test_schema_commands_other_than_upgrade_read_no_keys(tmp_path):
     assert not key_file.parent.exists()
 
 
+@pytest.mark.servers  # flask commands, each in a process of its own
 def test_new_key_needs_neither_encryption_keys_nor_a_database(database_url, tmp_path):
     key_file = tmp_path / "no" / "encryption.key"
     result = flask_on(database_url, "encryption", "new-key", key_file=key_file)
@@ -336,6 +345,7 @@ def upgraded_until_the_scrub(database_url: str) -> None:
     assert started.returncode == -signal.SIGKILL, started.stderr
 
 
+@pytest.mark.servers  # a service process, killed at the scrub
 def test_a_scrub_cut_short_is_done_at_the_next_start(database_url):
     """A kill, a crash or a full disk during the scrub left the secrets' old bytes on disk for
     good: the migrations were committed, so the next start found nothing pending."""
@@ -344,6 +354,7 @@ def test_a_scrub_cut_short_is_done_at_the_next_start(database_url):
     assert_no_plaintext_secret(database_url)
 
 
+@pytest.mark.servers  # flask commands, each in a process of its own
 def test_a_scrub_owed_is_pending_for_db_status_and_done_by_db_upgrade(database_url):
     upgraded_until_the_scrub(database_url)
     pending = flask_on(database_url, "db", "status")
@@ -356,7 +367,7 @@ def test_a_scrub_owed_is_pending_for_db_status_and_done_by_db_upgrade(database_u
     assert flask_on(database_url, "db", "status").returncode == 0
 
 
-def test_a_scrub_that_a_reader_kept_from_emptying_the_wal_stays_owed(tmp_path):
+def test_a_scrub_that_a_reader_kept_from_emptying_the_wal_stays_owed(brief_busy_timeout, tmp_path):
     """A reader elsewhere (a backup, a service still running) keeps the TRUNCATE checkpoint from
     emptying the -wal, which still holds what the migrations wrote: the scrub is not done."""
     path = str(tmp_path / "partner.sqlite3")

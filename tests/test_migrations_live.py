@@ -2,13 +2,11 @@
 is delivering. Release 1.1 ran schema.sql's DDL at every start, whose CREATE INDEX deadlocked with
 the running service's record step in about half the starts; an up-to-date start now runs none."""
 
-import time
-
 import pytest
 
 from tests.gunicorn_server import STOP_SECONDS, Gunicorn, PingLoad, flask
 from tests.receivers import Receiver
-from tests.support import free_port
+from tests.support import eventually, free_port
 
 STARTS = 5
 FEEDERS = 4  # subscriptions pinged without pause, one thread each
@@ -39,10 +37,7 @@ def test_services_start_beside_a_delivering_one_and_every_outcome_is_recorded(
         load.stop()
         events = set(load.events)
         assert set(load.answers) == {202} and len(events) > STARTS
-        deadline = time.monotonic() + 30
-        while not delivered(receiver) >= events and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert delivered(receiver) >= events
+        assert eventually(lambda: delivered(receiver) >= events)
         log = delivering.output()[1]
         assert "deadlock" not in log and "not recorded" not in log
         assert all("deadlock" not in service.output()[1] for service in started)

@@ -4,7 +4,6 @@ workers (multiprocess mode, prepared by gunicorn.conf.py) and JSON log lines."""
 import json
 import os
 import signal
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -12,7 +11,7 @@ import pytest
 from prometheus_client.mmap_dict import MmapedDict
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support import WEBHOOKS, free_port
+from tests.support import WEBHOOKS, eventually, free_port
 from tests.gunicorn_server import Gunicorn
 
 REQUESTS = 120
@@ -73,9 +72,7 @@ def test_metrics_counted_across_two_workers_add_up_and_outlive_a_worker(start_gu
         assert healthz_count(session.get(server.base_url + "/metrics", timeout=5).text) == served
     workers = worker_pids(server)
     os.kill(workers[0], signal.SIGKILL)  # gunicorn starts another in its place
-    deadline = time.monotonic() + 20
-    while (len(set(worker_pids(server)) - set(workers)) < 1) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    assert eventually(lambda: set(worker_pids(server)) - set(workers))
     for _ in range(4):  # the dead worker's counts are still counted
         assert healthz_count(session.get(server.base_url + "/metrics", timeout=5).text) == served
     assert server.stop() == 0
@@ -90,12 +87,13 @@ def test_preloaded_workers_count_their_deliveries(start_gunicorn, session, smoke
     for _ in range(10):
         assert session.post(f"{server.base_url}{WEBHOOKS}/{subscription['id']}/test", headers=headers,
                             json={"secret": subscription["secret"]}, timeout=5).status_code == 202
-    assert receiver.wait_for(10, seconds=15)
-    time.sleep(0.5)  # the last outcome is counted after it is recorded
-    delivered = [sample.value for family in text_string_to_metric_families(
-                 session.get(server.base_url + "/metrics", timeout=5).text) for sample in family.samples
-                 if sample.name == "partner_delivery_attempts_total" and sample.labels["outcome"] == "delivered"]
-    assert delivered == [10.0]
+    assert receiver.wait_for(10)
+
+    def delivered() -> list[float]:  # the last outcome is counted after it is recorded
+        return [sample.value for family in text_string_to_metric_families(
+                session.get(server.base_url + "/metrics", timeout=5).text) for sample in family.samples
+                if sample.name == "partner_delivery_attempts_total" and sample.labels["outcome"] == "delivered"]
+    assert eventually(lambda: delivered() == [10.0]), delivered()
     assert server.stop() == 0
 
 
@@ -168,9 +166,7 @@ def test_a_reload_keeps_the_ops_port(start_gunicorn, session, smoke_key):
     ops_port = free_port()
     server = start_gunicorn(PARTNER_OPS_PORT=str(ops_port))
     server.process.send_signal(signal.SIGHUP)
-    deadline = time.monotonic() + 10
-    while server.output()[1].count("Booting worker") < 2 and time.monotonic() < deadline:
-        time.sleep(0.1)
+    eventually(lambda: server.output()[1].count("Booting worker") >= 2)
     assert server.output()[1].count("Booting worker") == 2 and server.process.poll() is None, server.output()[1]
     assert_ops_port_serves(session, server, ops_port, smoke_key)
 

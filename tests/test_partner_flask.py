@@ -116,6 +116,7 @@ def test_a_command_gets_the_services_environment_and_no_value_reaches_a_command_
     assert (environment["USER"], seen["cwd"]) == (getpass.getuser(), str(work))
 
 
+@pytest.mark.servers  # a flask command in a process of its own
 def test_the_real_operator_cli_runs_through_it_with_json_keys_unquoted(tmp_path):
     """As docs/deploying.md writes the file: the keys as a JSON list, no quotes around it."""
     (tmp_path / "environment").write_text(

@@ -10,8 +10,9 @@ import time
 import pytest
 
 from models import Delivery, db
-from tests.receivers import Receiver
-from tests.support import ME, PUBLIC_URL, WEBHOOKS, assert_unavailable, json_of
+from tests.receivers import Receiver, late
+from tests.support import (ME, PUBLIC_URL, SLACK_SECONDS, WEBHOOKS, assert_unavailable, counting_scans, eventually,
+                           json_of)
 
 
 @pytest.fixture
@@ -43,7 +44,7 @@ def test_postgresql_stopped_is_503_everywhere_and_the_same_process_serves_after_
     for name, request in endpoints.items():
         started = time.monotonic()
         assert_unavailable(request())
-        assert time.monotonic() - started < 2, name
+        assert time.monotonic() - started < SLACK_SECONDS, name  # not the pool's 10 s wait for a connection
 
     own_postgres_server.resume()
     assert client.get(ME, headers=auth).status_code == 200
@@ -52,20 +53,13 @@ def test_postgresql_stopped_is_503_everywhere_and_the_same_process_serves_after_
     assert client.get(f"{WEBHOOKS}/{subscription['id']}/failures", headers=auth).get_json()["data"] == []
 
 
-def answer_slowly(handler):
-    """200 after 0.3 s: attempts are still in flight when the database goes away."""
-    time.sleep(0.3)
-    handler.send_response(200)
-    handler.send_header("Content-Length", "0")
-    handler.end_headers()
-
-
 @pytest.mark.config(SCHEDULER_ENABLED=True, DELIVERY_POLL_INTERVAL=0.05,
                     WEBHOOK_ALLOWED_NETWORKS=["127.0.0.0/8"])
 def test_through_an_outage_the_scanner_backs_off_logs_once_and_every_acknowledged_event_is_delivered(
         own_postgres_server, app, client, auth, caplog):
-    receiver = Receiver(script=[answer_slowly]).start()
+    receiver = Receiver(script=[late(0.3)]).start()  # attempts are still in flight when the database goes away
     dispatcher = app.extensions["delivery"]
+    scans = counting_scans(dispatcher)
     try:
         subscription = json_of(client.post(WEBHOOKS, json={"url": receiver.url}, headers=auth), 201)
         dispatcher.start()
@@ -73,15 +67,11 @@ def test_through_an_outage_the_scanner_backs_off_logs_once_and_every_acknowledge
                                             json={"secret": subscription["secret"]}, headers=auth), 202)["id"]
                         for _ in range(3)}
         own_postgres_server.pause()
-        time.sleep(3)  # 60 polls
+        polls_before = len(scans)
+        assert eventually(lambda: len(scans) >= polls_before + 60)  # 60 polls through the outage
         own_postgres_server.resume()
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and not acknowledged <= arrived(receiver):
-            time.sleep(0.1)
-        assert acknowledged <= arrived(receiver)
-        while time.monotonic() < deadline and open_deliveries():
-            time.sleep(0.1)
-        assert open_deliveries() == 0  # every outcome was recorded, none left in flight
+        assert eventually(lambda: acknowledged <= arrived(receiver))
+        assert eventually(lambda: open_deliveries() == 0)  # every outcome was recorded, none left in flight
     finally:
         dispatcher.stop()
         receiver.stop()

@@ -130,6 +130,7 @@ def clone(tmp_path) -> Path:
     return copy
 
 
+@pytest.mark.servers  # the session's `make run` starts gunicorn
 def test_the_first_session_runs_as_written(clone, tmp_path):
     steps = first_session()
     logs = tmp_path / "logs"

@@ -10,7 +10,7 @@ import pytest
 import requests
 
 from tests.gunicorn_server import STOP_SECONDS, Gunicorn, flask
-from tests.support import WEBHOOKS, bearer, eventually
+from tests.support import WEBHOOKS, bearer, eventually, open_database
 
 CREATES_IN_FLIGHT = 12
 # More than release 1.2's 32 delivery lookup threads: their attempts' lookups would take every one.
@@ -50,6 +50,7 @@ def stub_dns(server_env, tmp_path, session):
     flag = tmp_path / "dns-dead"
     server_env.update(BENCH_DNS_DEAD_FLAG=str(flag), PARTNER_WEBHOOK_ALLOWED_NETWORKS='["127.0.0.0/8"]',
                       PARTNER_DELIVERY_TIMEOUT="2")
+    open_database(server_env["PARTNER_DATABASE_URL"]).close_all()  # as the service's first start makes it
     keys = {org: flask(server_env, "keys", "create", "--org", org, "--scope", "webhooks:manage",
                        "--rate-limit", "100000") for org in ("attacker", "partner")}
     server = Gunicorn(server_env, tmp_path / "gunicorn", "bench.stub_dns_app:app")

@@ -23,6 +23,7 @@ import pytest
 from partner.outbound import causes
 from partner.outbound.ssrf import Target
 from tests.receivers import RawServer, drip_bytes, read_request
+from tests.support import SLACK_SECONDS, eventually
 from partner.outbound.transport import AttemptResult, Deadline, Transport
 from partner.safe_text import EXCERPT_BYTES
 
@@ -33,8 +34,9 @@ HEADERS = {
     "X-VC-Event": "vc.test.ping",
 }
 BODY = b'{"event":"vc.test.ping"}'
-TIMEOUT = 1.0
-MARGIN = 0.5
+TIMEOUT = 0.5  # the deadline the timeout tests cut at
+MARGIN = SLACK_SECONDS  # what a loaded machine adds to it; the servers cut would go on for minutes
+PATIENCE = 10.0  # the deadline of attempts meant to succeed: a loaded machine may be slow to answer
 
 
 def target(
@@ -44,7 +46,7 @@ def target(
     return Target(f"{scheme}://{shown}:{port}/hooks?a=1", scheme, host, port, "/hooks?a=1", addresses)
 
 
-def post(tgt: Target, timeout: float = TIMEOUT, transport: Transport | None = None,
+def post(tgt: Target, timeout: float = PATIENCE, transport: Transport | None = None,
          clock: Callable[[], float] = time.monotonic) -> AttemptResult:
     """One attempt, on `transport` (its idle connections, its trust store) or on a fresh one."""
     if transport is not None:
@@ -241,14 +243,12 @@ def test_a_huge_body_is_read_only_up_to_the_cap(serve_raw, status, error):
 
     server = serve_raw(huge)
     transport = Transport()
-    result, elapsed = timed_post(target(server.port), timeout=5, transport=transport)
+    result, elapsed = timed_post(target(server.port), timeout=30, transport=transport)
 
     assert (result.http_status, result.error, result.response_excerpt) == (status, error, "x" * EXCERPT_BYTES)
-    assert elapsed < 1
-    deadline = time.monotonic() + 2
-    while not server.notes and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert server.notes and isinstance(server.notes[0], OSError)  # the client hung up mid-body
+    assert elapsed < SLACK_SECONDS
+    assert eventually(lambda: server.notes)
+    assert isinstance(server.notes[0], OSError)  # the client hung up mid-body
 
 
 # --- failures without a response -------------------------------------------------------
@@ -317,7 +317,7 @@ def test_a_silent_server_times_out_at_the_deadline(serve_raw):
     result, elapsed = timed_post(target(server.port))
 
     assert (result.http_status, result.error) == (None, "timeout")
-    assert result.error_detail == "deadline of 1 s reached while waiting for the response head"
+    assert result.error_detail == f"deadline of {TIMEOUT:g} s reached while waiting for the response head"
     assert TIMEOUT <= elapsed < TIMEOUT + MARGIN
 
 
@@ -334,14 +334,14 @@ def test_a_dripped_status_line_times_out_at_the_deadline(serve_raw):
 def test_a_dripped_body_times_out_at_the_deadline_keeping_the_status(serve_raw):
     def headers_then_drip(conn, server):
         conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n")
-        drip_bytes(conn, server, b"z" * 1000)
+        drip_bytes(conn, server, b"z" * 1000, every=0.02)  # 20 s in all
 
     server = serve_raw(headers_then_drip)
     result, elapsed = timed_post(target(server.port))
 
     assert (result.ok, result.http_status, result.error) == (False, 200, "timeout")
     assert result.response_excerpt.startswith("zzz")
-    assert re.fullmatch(r"deadline of 1 s reached while reading the response body \([0-9] bytes received\)",
+    assert re.fullmatch(rf"deadline of {TIMEOUT:g} s reached while reading the response body \([0-9]+ bytes received\)",
                         result.error_detail)
     assert TIMEOUT <= elapsed < TIMEOUT + MARGIN
 
@@ -368,7 +368,7 @@ def test_a_server_too_busy_to_accept_times_out_at_the_deadline():
         for probe in queued:
             probe.close()
     assert (result.http_status, result.error) == (None, "timeout")
-    assert result.error_detail == "deadline of 1 s reached while connecting"
+    assert result.error_detail == f"deadline of {TIMEOUT:g} s reached while connecting"
     assert TIMEOUT <= elapsed < TIMEOUT + MARGIN
 
 
@@ -486,9 +486,10 @@ def test_an_expired_certificate_is_a_tls_error_that_says_so(serve, tls_ca, tls_t
 def test_a_handshake_that_never_ends_times_out_naming_it(serve_raw, tls_transport):
     server = serve_raw(lambda conn, server: server.stopped.wait())
 
-    result = post(target(server.port, host=HOOK_HOST, scheme="https"), transport=tls_transport)
+    result = post(target(server.port, host=HOOK_HOST, scheme="https"), TIMEOUT, tls_transport)
 
-    assert (result.error, result.error_detail) == ("timeout", "deadline of 1 s reached during the TLS handshake")
+    assert (result.error, result.error_detail) == ("timeout",
+                                                   f"deadline of {TIMEOUT:g} s reached during the TLS handshake")
 
 
 def test_tls_to_a_plain_http_server_says_what_the_handshake_found(receiver, tls_transport):
@@ -594,11 +595,13 @@ def test_a_connection_the_partner_closed_while_idle_is_not_used(serve_raw, serve
         if read_request(conn) is not None:
             conn.sendall(OK_KEEP_ALIVE)
             server.stopped.wait(0.05)  # a short keep-alive timeout, like Node.js's 5 s
+            conn.close()
+            server.notes.append("closed")
 
     server = serve_raw(answer_then_close_soon, tls=server_tls)
     tgt = target(server.port, host=HOOK_HOST, scheme="https")
     assert post(tgt, transport=tls_transport).ok
-    time.sleep(0.3)
+    assert eventually(lambda: server.notes)
 
     result = post(tgt, transport=tls_transport)
 
@@ -637,12 +640,11 @@ def test_a_fresh_connection_closed_without_an_answer_is_not_retried(serve_raw):
 def test_the_deadline_cuts_a_dripped_body_on_a_reused_connection(serve_raw, server_tls, tls_transport):
     def headers_then_drip(conn, server):
         conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n")
-        drip_bytes(conn, server, b"z" * 1000, every=0.1)
+        drip_bytes(conn, server, b"z" * 1000, every=0.02)  # 20 s in all
 
     server = serve_raw(keep_alive_then(headers_then_drip), tls=server_tls)
     tgt = target(server.port, host=HOOK_HOST, scheme="https")
-    assert post(tgt, 0.5, tls_transport).ok
-    time.sleep(0.6)  # the first attempt's deadline is long past: the reused socket must get the new one
+    assert post(tgt, transport=tls_transport).ok  # its deadline is seconds after the next one's
 
     result, elapsed = timed_post(tgt, transport=tls_transport)
 
@@ -657,7 +659,7 @@ def test_a_target_keeps_at_most_connections_per_target_idle(serve_raw):
 
     def answer_in_pairs(conn, server):  # two requests in flight at once, so two connections
         while read_request(conn) is not None:
-            together.wait(2)
+            together.wait(30)
             conn.sendall(OK_KEEP_ALIVE)
 
     server = serve_raw(answer_in_pairs)

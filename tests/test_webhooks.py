@@ -6,9 +6,11 @@ import time
 
 import pytest
 
+import app as service
 from app import CREATE_LOOKUPS_PER_ORGANIZATION
 from partner.keys import parse_key
-from tests.support import WEBHOOKS, assert_unavailable, bearer, eventually, field_codes, in_thread, validation_errors
+from tests.support import (SLACK_SECONDS, WEBHOOKS, assert_unavailable, bearer, eventually, field_codes, in_thread,
+                           validation_errors)
 
 PUBLIC_URL = "http://93.184.215.14/"
 NAMED_URL = "https://hooks.partner.example/hooks?source=vc"
@@ -340,13 +342,20 @@ def test_unsafe_url_is_422(client, auth, resolver, url, code):
     assert ids(client, auth) == []
 
 
-def test_a_name_whose_dns_does_not_answer_within_2_s_is_invalid(client, auth, resolver):
-    resolver.stalled.add("hooks.partner.example")
+@pytest.fixture
+def brief_lookup(monkeypatch):
+    """The create-time lookup's bound, the documented 2 s, at 0.3 s (before the app is built)."""
+    assert service.CREATE_LOOKUP_SECONDS == 2.0
+    monkeypatch.setattr(service, "CREATE_LOOKUP_SECONDS", 0.3)
+
+
+def test_a_name_whose_dns_does_not_answer_within_2_s_is_invalid(brief_lookup, client, auth, resolver):
+    resolver.stalled.add("hooks.partner.example")  # until the test ends
     started = time.monotonic()
     response = create(client, auth, NAMED_URL)
     elapsed = time.monotonic() - started
     assert field_codes(response) == [("url", "invalid_url")]
-    assert 2.0 <= elapsed < 3.0
+    assert 0.3 <= elapsed < 0.3 + SLACK_SECONDS
     assert ids(client, auth) == []
 
 
@@ -361,7 +370,9 @@ def test_creates_at_names_that_never_answer_leave_another_organization_alone(cli
     assert eventually(lambda: len(answers) >= refused)  # the attacker's own bound: at once
     started = time.monotonic()
     response = create(client, partner, NAMED_URL)
-    assert (response.status_code, time.monotonic() - started < 1) == (201, True)
+    # Held behind the attacker's lookups, it would wait for their 2 s.
+    assert (response.status_code, time.monotonic() - started < service.CREATE_LOOKUP_SECONDS) == (201, True)
+    resolver.released.set()  # the names answer nothing
     for thread in waiting:
         thread.join()
     assert errors == []
