@@ -32,8 +32,10 @@ def rows(path, sql: str) -> list:
 
 def test_a_backup_under_load_restores_every_acknowledged_event_and_delivers_the_pending_ones(
         server_env, session, tmp_path):
-    server_env.update(PARTNER_WEBHOOK_ALLOWED_NETWORKS='["127.0.0.0/8"]', PARTNER_DELIVERY_POLL_INTERVAL="0.05")
-    receiver = Receiver(script=[late(0.2)]).start()  # slower than the pings come in: a backlog builds up
+    # One attempt in flight per subscription to a receiver slower than the pings come in: a backlog builds up.
+    server_env.update(PARTNER_WEBHOOK_ALLOWED_NETWORKS='["127.0.0.0/8"]', PARTNER_DELIVERY_POLL_INTERVAL="0.05",
+                      PARTNER_DELIVERY_MAX_PER_SUBSCRIPTION="1")
+    receiver = Receiver(script=[late(0.2)]).start()
     live = Gunicorn(server_env, tmp_path / "live")
     restored, load = None, None
     try:
