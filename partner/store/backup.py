@@ -56,7 +56,7 @@ def hold_serving_lock(path: str) -> None:
     Waits while a restore is replacing the file."""
     path = os.path.abspath(path)
     if path not in _held:
-        for other in list(_held):  # one database per process (models.open_database)
+        for other in list(_held):  # one database per process (store.connection.bind)
             os.close(_held.pop(other))
         descriptor = os.open(path + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
         fcntl.flock(descriptor, fcntl.LOCK_SH)
