@@ -193,3 +193,11 @@ def test_a_newer_copy_is_not_restored_whatever_its_name(database_file, tmp_path,
         backup.restore(f"sqlite:///{database_file}", str(newer))
     assert open(database_file, "rb").read() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["db", name])
+
+
+@pytest.mark.parametrize("operation", [backup.backup, backup.restore])
+def test_an_in_memory_database_is_refused_for_having_no_file(operation, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(OperatorError, match="^the database is in memory: it has no file to back up or restore$"):
+        operation("sqlite:///:memory:", str(tmp_path / "copy.sqlite3"))
+    assert list(tmp_path.iterdir()) == []

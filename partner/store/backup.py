@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from partner.store import migrations
+from partner.store.connection import sqlite_file
 from partner.errors import OperatorError
 from partner.private_files import keep_private
 
@@ -45,10 +46,12 @@ def file_uri(path: str, mode: str) -> str:
 
 
 def sqlite_path(url: str) -> str:
-    """The database file of a sqlite:/// URL; OperatorError for PostgreSQL."""
-    if not url.startswith("sqlite"):
-        raise OperatorError(POSTGRESQL_REFUSAL)
-    return os.path.abspath(url.split("://", 1)[1][1:].split("?", 1)[0])
+    """The database file of a sqlite:/// URL; OperatorError for PostgreSQL or a database in memory."""
+    path = sqlite_file(url)
+    if path is None:
+        raise OperatorError("the database is in memory: it has no file to back up or restore"
+                            if url.startswith("sqlite") else POSTGRESQL_REFUSAL)
+    return path
 
 
 def hold_serving_lock(path: str) -> None:
