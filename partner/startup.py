@@ -9,7 +9,7 @@ Every refusal comes before the first write. What is checked before writing — t
 the key ids of stored secrets — is read on SQLite through a read-only connection, which can neither
 write nor checkpoint the -wal into the file when it closes: a refused start leaves the database file
 and its -wal byte for byte as they were. Nothing here waits on a lock that an operator's `sqlite3`
-shell may hold, unless there is something to write (migrations, a new file's cursor key); reads go on
+shell may hold, unless there are migrations to apply; reads go on
 beside a held write lock.
 """
 
@@ -45,7 +45,7 @@ UP_TO_DATE = "up to date"  # a database with no pending migration: every command
 def start_service(app: Flask, workers: int = 1) -> None:
     """Everything a service start does before serving, in order: refuse what it cannot serve (a
     database too old or newer than the code, a secret sealed under an unknown key), then migrate
-    and make the cursor key. `workers`: how many processes will serve it."""
+    (which makes the cursor key) and read the cursor key. `workers`: how many processes will serve it."""
     url = app.config["DATABASE_URL"]
     database = app.extensions["database"]
     _check_delivery_settings(app)
@@ -63,7 +63,7 @@ def start_service(app: Flask, workers: int = 1) -> None:
     _check_before_writing(app, _status(database, url))
     _migrate(database, url)
     with database.connection_context():
-        _guard(url, "make its cursor key", app.extensions["cursors"])
+        _guard(url, "read its cursor key", app.extensions["cursors"])
     database.close_all()  # no connection crosses the fork into the workers
 
 

@@ -4,6 +4,7 @@ workers (multiprocess mode, prepared by gunicorn.conf.py) and JSON log lines."""
 import json
 import os
 import signal
+import sqlite3
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -11,7 +12,8 @@ import pytest
 from prometheus_client.mmap_dict import MmapedDict
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support import WEBHOOKS, eventually, free_port
+from partner.store.connection import sqlite_file
+from tests.support import PUBLIC_IP, WEBHOOKS, eventually, free_port
 from tests.gunicorn_server import Gunicorn
 
 REQUESTS = 120
@@ -183,3 +185,26 @@ def test_an_ops_port_that_cannot_be_served_stops_start_up_in_one_line(server_env
     assert server.process.wait(timeout=30) != 0
     stderr = server.output()[1]
     assert refusal in stderr and "Traceback" not in stderr, stderr
+
+
+def test_started_beside_a_held_write_lock_it_serves_reads_and_is_ready_soon_after_the_lock_is_let_go(
+        start_gunicorn, server_env, session, smoke_key):
+    """An operator's sqlite3 shell holds the write lock while the service starts, with no scheduler
+    to notice the end of the outage: it boots and stays up, reads answer, writes get a 503, and
+    within 20 s of the shell letting go it is ready and takes writes."""
+    shell = sqlite3.connect(sqlite_file(server_env["PARTNER_DATABASE_URL"]), isolation_level=None)
+    shell.execute("BEGIN IMMEDIATE")
+    server = start_gunicorn()
+    auth = {"Authorization": f"Bearer {smoke_key}"}
+    assert session.get(server.base_url + "/api/v1/partner/me", headers=auth, timeout=10).status_code == 200
+    refused = session.post(server.base_url + WEBHOOKS, json={"url": f"https://{PUBLIC_IP}/hook"}, headers=auth,
+                           timeout=10)
+    assert refused.status_code == 503 and refused.headers["Content-Type"] == "application/problem+json"
+    assert session.get(server.base_url + "/readyz", timeout=10).status_code == 503
+    shell.execute("ROLLBACK")
+    shell.close()
+    assert eventually(lambda: session.get(server.base_url + "/readyz", timeout=10).status_code == 200, 20)
+    created = session.post(server.base_url + WEBHOOKS, json={"url": f"https://{PUBLIC_IP}/hook"}, headers=auth,
+                           timeout=10)
+    assert created.status_code == 201, created.text
+    assert server.process.poll() is None and "Traceback" not in server.output()[1]

@@ -33,6 +33,8 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from models import Setting
+from partner.store.connection import db
+from partner.store.migrations import CURSOR_KEY, add_cursor_key
 from partner.store.sql import write_transaction
 from partner.errors import ValidationError, field_error
 from partner.timestamps import now_ms
@@ -40,7 +42,6 @@ from partner.timestamps import now_ms
 DEFAULT_LIMIT = 20
 MAX_LIMIT = 100
 CURSOR_LIFETIME_MS = 24 * 3600 * 1000
-_KEY_SETTING = "cursor_signing_key"
 # The derived key's purpose and format: a later format derives another key, and refuses these.
 _KEY_INFO = b"partner cursor v2: AES-256-GCM (issued_at, position time, position id)"
 _NONCE_BYTES, _TAG_BYTES = 12, 16
@@ -50,13 +51,13 @@ _BASE64URL = re.compile(r"[A-Za-z0-9_-]{1,400}")
 
 
 def cursor_key() -> bytes:
-    """The service-wide key that signs cursors, generated once and kept in the database: written only
-    the first time, so that reading it needs no write lock."""
-    row = Setting.get_or_none(Setting.name == _KEY_SETTING)
+    """The service-wide key that seals cursors, made with the schema (migrations.add_cursor_key), or
+    here if it is missing."""
+    row = Setting.get_or_none(Setting.name == CURSOR_KEY)
     if row is None:
         with write_transaction():
-            Setting.insert(name=_KEY_SETTING, value=secrets.token_hex(32)).on_conflict_ignore().execute()
-        row = Setting.get_by_id(_KEY_SETTING)
+            add_cursor_key(db)
+        row = Setting.get_by_id(CURSOR_KEY)
     return bytes.fromhex(row.value)
 
 

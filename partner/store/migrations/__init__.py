@@ -12,6 +12,7 @@ and the scrub after a migration that removes secrets, owed until it is done.
 
 import itertools
 import logging
+import secrets
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -39,6 +40,7 @@ SQLITE_LOCK_PAUSE = 0.1
 # transaction, deleted only once the scrub is done. One cut short (a full disk, a crash, a kill)
 # runs again at the next start or `flask db upgrade`: their COMMIT leaves nothing else pending.
 SCRUB_OWED = "scrub_owed"
+CURSOR_KEY = "cursor_signing_key"  # the `setting` holding the key that seals cursors
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +100,14 @@ def status_of_nothing() -> SchemaStatus:
     """The status of a database not made yet (a SQLite file that does not exist)."""
     known = names()
     return SchemaStatus(version=0, latest=number(known[-1]), pending=known, empty=True)
+
+
+def add_cursor_key(database) -> None:
+    """The service's key for sealing cursors (partner/edge/pagination.py), made with the schema so that
+    a later start, which may find an operator's shell holding the write lock, has nothing to write."""
+    p = database.param
+    database.execute_sql(f"INSERT INTO setting (name, value) VALUES ({p}, {p}) ON CONFLICT (name) DO NOTHING",
+                         (CURSOR_KEY, secrets.token_hex(32)))
 
 
 def upgrade(database) -> list[str]:
@@ -176,8 +186,12 @@ def _apply(database) -> list[str]:
     current = _check(status(database))
     if not current.pending:
         return []
-    if current.empty:
-        return _create(database)
+    applied = _create(database) if current.empty else _run(database, current)
+    add_cursor_key(database)
+    return applied
+
+
+def _run(database, current: SchemaStatus) -> list[str]:
     applied = runner(database).up()
     owing = [migration.name for migration in runner(database).migrations()
              if migration.name in applied and getattr(migration.load(), "SCRUB", False)]
