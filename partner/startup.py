@@ -2,7 +2,7 @@
 
 It runs once per service start, in gunicorn's master before workers fork (gunicorn.conf.py
 `on_starting`); in each `flask` command, as much of it as the command declares it needs
-(partner/operator/cli.py); and in the tests' app fixture. A worker only loads the keys
+(partner/operator/commands.py `starts`); and in the tests' app fixture. A worker only loads the keys
 (`start_worker`): the master has checked and migrated the database it will serve.
 
 Every refusal comes before the first write. What is checked before writing — the schema's version and
@@ -36,7 +36,7 @@ from partner.telemetry.logs import database_name
 
 log = logging.getLogger(__name__)
 
-# What a `flask` command needs of the start-up (cli.py declares one per command).
+# What a `flask` command needs of the start-up (each declares one: operator/commands.py `starts`).
 NOTHING = "nothing"  # neither keys nor a database: `encryption new-key`
 AS_IT_IS = "as it is"  # the database as it is, neither migrated nor refused for pending migrations
 UP_TO_DATE = "up to date"  # a database with no pending migration: every command that works on the data
