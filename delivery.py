@@ -33,7 +33,8 @@ from partner.store.group_commit import GroupCommit
 from partner.telemetry.attempts import log_attempt
 from partner.outbound.sender import Sender
 from partner.outbound.dns import LookupsBusy
-from partner.outbox import NOT_RECORDED, Claim, Outcome, Recorded, claim_due, put_off, release, write_outcomes
+from partner.outbox import Claim, claim_due, put_off, release
+from partner.outcomes import NOT_RECORDED, Outcome, Recorded, write_outcomes
 from partner.retry import MAX_JITTER, RetryPolicy
 from partner.timestamps import now_ms, to_ms
 

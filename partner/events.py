@@ -1,5 +1,5 @@
 """Events into the delivery queue, and the failures audit out of it: what a partner's request
-does to the outbox (partner/outbox.py claims and records)."""
+does to the outbox (partner/outbox.py claims, partner/outcomes.py records)."""
 
 import hmac
 import json

@@ -1,5 +1,5 @@
-"""The durable delivery queue's engine: claim due deliveries, record each attempt's outcome.
-(Events come in through partner/events.py.)
+"""The durable delivery queue's engine: claim due deliveries, and give back those not attempted.
+Each attempt's outcome is recorded by partner/outcomes.py; events come in through partner/events.py.
 
 Every function takes the current time as an argument. A claim is one short write transaction that
 takes deliveries under a lease and reads what their attempts need; HTTP happens outside any
@@ -37,15 +37,15 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-from models import LIVE_SUBSCRIPTION, SQL_CONDITIONS, Delivery, Failure, allowance
+from models import LIVE_SUBSCRIPTION, SQL_CONDITIONS, Delivery, allowance
 from partner import dead_letters
 from partner.claims import Pick, pick_due
-from partner.concurrency import push_back, widen
 from partner.config import DEFAULTS
-from partner.store.sql import is_sqlite, new_id, run_sql, select_rows, value_rows, write_transaction
 from partner.outbound.transport import AttemptResult
+from partner.outcomes import record_failure
 from partner.retry import RetryPolicy
 from partner.sealing import SealingError, open_secret
+from partner.store.sql import is_sqlite, run_sql, select_rows, value_rows, write_transaction
 
 log = logging.getLogger(__name__)
 
@@ -94,29 +94,6 @@ _RELEASE = ('UPDATE delivery SET state = {p}, due_at = {p}, lease_token = NULL '
 # it, so that none overtakes it, and, when this process cannot open the subscription's secret, so that
 # each scan does not take (and log) the next.
 _POSTPONE = "UPDATE delivery SET due_at = {p} WHERE subscription_id = {p} AND state = 'pending' AND due_at < {p}"
-_FINISH = ('UPDATE delivery SET state = {p}, attempts = {p}, due_at = {p}, lease_token = NULL '
-           'WHERE event_id = {p} AND lease_token = {p}')
-# The attempt number is the one the claim read plus one, as _claim_of counts it: the lease kept it.
-# `event_id IN` first: SQLite plans a row-value IN (VALUES ...) alone as a scan of the whole table.
-# Each subscription's failure streak is read by the same statement, not taken from the claim: a
-# failure recorded since the claim (another delivery's, whose lease had expired) is reset too.
-_FINISH_DELIVERED = ('UPDATE delivery SET state = {p}, attempts = attempts + 1, due_at = NULL, '
-                     'lease_token = NULL WHERE event_id IN ({ids}) AND (event_id, lease_token) IN (VALUES {pairs}) '
-                     'RETURNING event_id, subscription_id, (SELECT consecutive_failures FROM subscription '
-                     'WHERE subscription.id = delivery.subscription_id) AS streak')
-# Recording's half on PostgreSQL: the deliveries whose lease is still ours and whose subscription is not
-# deleted, each locked and then its subscription. FOR NO KEY UPDATE, the lock the writes that follow
-# take: two recordings of one subscription (a late outcome and the next delivery's) holding FOR SHARE
-# would each wait for the other to let it write.
-_HOLD = ('SELECT d.event_id FROM delivery AS d JOIN subscription AS s ON s.id = d.subscription_id '
-         'WHERE d.event_id IN ({ids}) AND (d.event_id, d.lease_token) IN (VALUES {pairs}) '
-         'AND s.deleted_at IS NULL FOR UPDATE OF d FOR NO KEY UPDATE OF s')
-_RESET_STREAKS = ('UPDATE subscription SET consecutive_failures = 0 '
-                  'WHERE id IN ({ids}) AND consecutive_failures <> 0')
-_COUNT_FAILURE = ('UPDATE subscription SET consecutive_failures = consecutive_failures + 1 '
-                  'WHERE id = {p} RETURNING consecutive_failures, active, concurrency_limit, concurrency_ceiling, '
-                  'concurrency_pin, paused_until')
-
 
 @dataclass(frozen=True)
 class Claim:
@@ -136,17 +113,6 @@ class Claim:
     claimed_at: float = field(default_factory=time.monotonic)
 
 
-@dataclass(frozen=True)
-class Recorded:
-    """What recording an attempt did: nothing when the lease was lost (reclaimed, or the subscription
-    deleted); else when the next attempt is due, or that it was dead-lettered, and any auto-disable."""
-    recorded: bool
-    next_attempt_at: int | None = None
-    dead_lettered: bool = False
-    auto_disabled: bool = False
-
-
-NOT_RECORDED = Recorded(False)
 # Attempts whose outcome could not be written (their lease expired first) before the delivery is
 # dead-lettered with this result instead of being sent again.
 MAX_UNRECORDED = 3
@@ -234,7 +200,7 @@ def _attemptable(rows: list[dict], token: str, now_ms: int, lease_ms: int, polic
             _put_off(token, row["event_id"], row["subscription_id"], now_ms + lease_ms)
             continue
         if row["unrecorded"] >= MAX_UNRECORDED:
-            _record_failure(claim, NEVER_RECORDED, now_ms, now_ms, policy, 0.0, made)
+            record_failure(claim, NEVER_RECORDED, now_ms, now_ms, policy, 0.0, made)
         else:
             claims.append(claim)
     return claims
@@ -247,106 +213,6 @@ def _claim_of(row: dict, token: str) -> Claim:
                  row["subscription_id"], row["organization_id"], row["url"],
                  open_secret(row["subscription_id"], row["secret_key_id"], row["secret_sealed"]),
                  row["consecutive_failures"] > 0, bool(row["may_widen"]))
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """What an attempt of a claimed delivery came to, to be recorded."""
-    claim: Claim
-    result: AttemptResult
-    attempted_at: int
-    finished_at: int
-    jitter: float = 0.0  # the fraction (up to retry.MAX_JITTER) the retry delay grows by
-    draw: float = 1.0  # in [0, 1): whether a success widens its subscription's limit, when chance decides
-
-
-def write_outcomes(outcomes: list[Outcome], policy: RetryPolicy,
-                   most: int = DEFAULTS["DELIVERY_MAX_PER_SUBSCRIPTION"]) -> list[Recorded]:
-    """Record attempts whose claim's lease is still ours (and, on PostgreSQL, whose subscription is not
-    deleted: module docstring): a success marks the delivery delivered, resets the subscription's
-    failure streak and may widen its limit (up to `most`); a failure is audited, counted, decided by
-    `policy` (next attempt, dead-letter, auto-disable), and may narrow the limit or hold the
-    subscription (partner/concurrency.py). The dispatcher writes the outcomes of attempts finishing
-    together at once (group_commit), in one transaction: a streak reset commits with its success, or
-    neither does and the write can be made again while the lease lasts. Tests step one at a time
-    (tests.support.record_attempt)."""
-    made: list = []  # dead letters, reported once committed
-    with write_transaction(durable=False):
-        held = _held(outcomes)
-        successes = [o for o in outcomes if o.result.ok and o.claim.event_id in held]
-        _widen(successes, most)
-        delivered = iter(_write_successes(successes))
-        recorded = [NOT_RECORDED if outcome.claim.event_id not in held
-                    else Recorded(next(delivered)) if outcome.result.ok
-                    else _record_failure(outcome.claim, outcome.result, outcome.attempted_at, outcome.finished_at,
-                                         policy, outcome.jitter, made)
-                    for outcome in outcomes]
-    dead_letters.report(made)
-    return recorded
-
-
-def _held(outcomes: list[Outcome]) -> set[str]:
-    """The event ids of the outcomes to record, kept so until the caller's transaction ends. On SQLite,
-    whose write transaction excludes every claim and delete: each success (its write checks its lease)
-    and each failure whose lease is still ours. On PostgreSQL: those whose lease is still ours and
-    whose subscription is not deleted, held (_HOLD)."""
-    if is_sqlite():
-        return {outcome.claim.event_id for outcome in outcomes if outcome.result.ok or _holds_lease(outcome.claim)}
-    if not outcomes:
-        return set()
-    return {row["event_id"] for row in _by_lease(_HOLD, [outcome.claim for outcome in outcomes])}
-
-
-def _by_lease(template: str, claims: list[Claim], *params) -> list[dict]:
-    """select_rows of a statement naming `claims` by event id ({ids}) and by lease ({pairs}), after `params`."""
-    pairs = [value for claim in claims for value in (claim.event_id, claim.lease_token)]
-    return select_rows(template, (*params, *[claim.event_id for claim in claims], *pairs), ids=len(claims),
-                       pairs=value_rows(len(claims), 2))
-
-
-def _widen(successes: list[Outcome], most: int) -> None:
-    """Widen the limits the successes call for, before they leave flight (concurrency.widen)."""
-    draws: dict[str, list[float]] = {}
-    for outcome in successes:
-        if outcome.claim.may_widen:
-            draws.setdefault(outcome.claim.subscription_id, []).append(outcome.draw)
-    if draws:
-        widen(draws, max(outcome.finished_at for outcome in successes), most)
-
-
-def _write_successes(outcomes: list[Outcome]) -> list[bool]:
-    """Mark delivered each success whose lease is still ours, and reset the failure streak of their
-    subscriptions that have one; whether each was recorded."""
-    if not outcomes:
-        return []
-    claims = [outcome.claim for outcome in outcomes]
-    finished = _by_lease(_FINISH_DELIVERED, claims, Delivery.DELIVERED)
-    streaks = {row["subscription_id"] for row in finished if row["streak"]}
-    if streaks:
-        run_sql(_RESET_STREAKS, streaks, ids=len(streaks))
-    delivered = {row["event_id"] for row in finished}
-    return [claim.event_id in delivered for claim in claims]
-
-
-def _record_failure(claim: Claim, result: AttemptResult, attempted_at: int, finished_at: int,
-                    policy: RetryPolicy, jitter: float, made: list) -> Recorded:
-    """Audit and count a failed attempt whose lease is ours, and decide what follows by `policy`; a
-    dead letter or an auto-disable it makes is added to `made`. Call inside a write transaction."""
-    [streak] = select_rows(_COUNT_FAILURE, (claim.subscription_id,))
-    push_back(claim.subscription_id, streak, result, finished_at)
-    active = bool(streak["active"])
-    decision = policy.after_failure(claim.attempt, streak["consecutive_failures"], active, finished_at, jitter)
-    next_at = decision.next_attempt_at
-    if next_at is None:
-        made += dead_letters.after_failure(claim, result.error, decision.auto_disable, active, finished_at,
-                                           policy.auto_disable_threshold)
-    run_sql(_FINISH, (Delivery.PENDING if next_at else Delivery.DEAD, claim.attempt, next_at, claim.event_id,
-                      claim.lease_token))
-    Failure.create(id=new_id("fail"), subscription=claim.subscription_id, event=claim.event_id,
-                   attempt=claim.attempt, http_status=result.http_status, error=result.error,
-                   response_excerpt=result.response_excerpt, duration_ms=result.duration_ms,
-                   attempted_at=attempted_at, next_attempt_at=next_at, error_detail=result.error_detail)
-    return Recorded(True, next_at, next_at is None, decision.auto_disable)
 
 
 def release(claims: list[Claim], now_ms: int) -> int:
@@ -374,9 +240,3 @@ def _put_off(lease_token: str, event_id: str, subscription_id: str, due_ms: int)
 def _release(lease_token: str, event_id: str, state: str, due_at: int | None) -> int:
     """Give back a claimed delivery (pending, due again) or dead-letter it (dead, no due time)."""
     return run_sql(_RELEASE, (state, due_at, lease_token, event_id), **SQL_CONDITIONS).rowcount
-
-
-def _holds_lease(claim: Claim) -> bool:
-    """Whether the claim's lease is still ours (on SQLite, whose write transaction keeps it so)."""
-    return (Delivery.select(Delivery.event)
-            .where((Delivery.event == claim.event_id) & (Delivery.lease_token == claim.lease_token)).exists())

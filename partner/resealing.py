@@ -14,7 +14,7 @@ log = logging.getLogger(__name__)
 ROTATE_BATCH = 50
 
 # Waits for no row: one another transaction holds is left for a later pass. A batch of outcomes
-# (outbox.write_outcomes) locks its subscriptions in its own order, and a rotation that held some
+# (outcomes.write_outcomes) locks its subscriptions in its own order, and a rotation that held some
 # while it waited for another could wait in a cycle with it: PostgreSQL would roll one back.
 _STALE = ("SELECT id, secret_key_id, secret_sealed FROM subscription "
           "WHERE secret_key_id <> {p} AND id > {p} ORDER BY id LIMIT {p}{lock}")

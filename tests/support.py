@@ -15,7 +15,7 @@ import pytest
 from app import create_app
 from models import Delivery, Event, Subscription, db
 from partner import sealing
-from partner.outbox import Outcome, Recorded, write_outcomes
+from partner.outcomes import Outcome, Recorded, write_outcomes
 from partner.startup import start_service
 from partner.store import migrations
 from partner.store.connection import bind, make_directory, require_supported

@@ -16,7 +16,8 @@ from models import Delivery, Failure, Subscription, db
 from partner.claims import any_due, next_due_at
 from partner.keys import create_key
 from partner.concurrency import Limit, hold_until, narrowed, narrows, widened
-from partner.outbox import Outcome, claim_due, write_outcomes
+from partner.outbox import claim_due
+from partner.outcomes import Outcome, write_outcomes
 from partner.outbound.transport import AttemptResult
 from partner.subscriptions import set_concurrency
 from tests.support import eventually, run_together

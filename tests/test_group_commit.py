@@ -9,7 +9,8 @@ from peewee import IntegrityError
 from models import Delivery, Subscription
 from partner.store.sql import run_sql, select_rows, write_transaction
 from partner.store.group_commit import GroupCommit
-from partner.outbox import Outcome, claim_due, write_outcomes
+from partner.outbox import claim_due
+from partner.outcomes import Outcome, write_outcomes
 from partner.outbound.transport import AttemptResult
 from partner.retry import RetryPolicy
 from tests.support import allow_in_sqlite, eventually, refuse_in_sqlite, run_together

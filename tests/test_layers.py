@@ -13,7 +13,7 @@ LAYERS = (
     ("signing", "partner.timestamps", "partner.errors", "partner.safe_text", "partner.sealing", "partner.private_files"),
     ("partner.telemetry", "partner.outbound", "partner.config", "partner.validation"),
     ("partner.store", "models"),
-    ("partner.keys", "partner.subscriptions", "partner.events", "partner.outbox", "partner.claims", "partner.concurrency",
+    ("partner.keys", "partner.subscriptions", "partner.events", "partner.outbox", "partner.outcomes", "partner.claims", "partner.concurrency",
      "partner.retry", "partner.retention", "partner.resealing", "partner.history", "partner.dead_letters", "partner.organizations"),
     ("delivery", "partner.edge", "partner.startup"),
     ("partner.operator", "app", "wsgi", "gunicorn.conf"),

@@ -14,7 +14,8 @@ from partner.errors import ApiError
 from partner.keys import create_key
 from models import Delivery, Event, Failure, Subscription, db
 from partner.events import enqueue_test_ping, failures_page, trigger_test_ping
-from partner.outbox import NOT_RECORDED, Recorded, claim_due
+from partner.outbox import claim_due
+from partner.outcomes import NOT_RECORDED, Recorded
 from partner.retry import RetryPolicy
 from partner.retention import purge_deleted
 from partner.subscriptions import create_subscription, delete_subscription

@@ -20,7 +20,8 @@ from partner.store.sql import is_sqlite
 from partner.store.sql import write_transaction
 from partner.outbound.transport import AttemptResult
 from partner.events import enqueue_test_ping
-from partner.outbox import Outcome, _held, claim_due, write_outcomes
+from partner.outbox import claim_due
+from partner.outcomes import Outcome, _held, write_outcomes
 from partner.retry import RetryPolicy
 from partner.subscriptions import MAX_SUBSCRIPTIONS, create_subscription, delete_subscription
 

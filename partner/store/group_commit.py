@@ -4,7 +4,7 @@ An outcome must be committed before its attempt's slot is freed, and so before i
 claimed again. Written one transaction each, the delivery threads of a process queue for SQLite's
 one writer, and a second process sleeps in SQLite's busy handler between them: the writes, not the
 work, set the pace (bench/scale_out). Here the first thread to find the writer free writes every
-outcome queued until then, in one write (outbox.write_outcomes), while the others wait for it;
+outcome queued until then, in one write (outcomes.write_outcomes), while the others wait for it;
 whatever arrives meanwhile is written by the next one. No thread of its own and no timer: a lone
 outcome is written at once, a crowd in a few writes.
 

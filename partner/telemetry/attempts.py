@@ -12,7 +12,7 @@ log = logging.getLogger("delivery")
 
 
 def log_attempt(outcome, recorded) -> None:
-    """One line per attempt (an outbox.Outcome and what was Recorded of it), and its metrics. The fields appear twice: in the text line, and as
+    """One line per attempt (an outcomes.Outcome and what was Recorded of it), and its metrics. The fields appear twice: in the text line, and as
     JSON keys under PARTNER_LOG_FORMAT=json."""
     claim, result, finished_at = outcome.claim, outcome.result, outcome.finished_at
     what = result.error or "delivered"  # the `outcome` of the log line and the metric
