@@ -20,27 +20,24 @@ import random
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime, timedelta, timezone
 
-from apscheduler.schedulers.background import BackgroundScheduler
-
-from partner.store.connection import db
 from partner import retention
-from partner.store.availability import database_failed, database_outage, describe, is_unavailable
-from partner.store.sql import probe_write
 from partner.claims import any_due, next_due_at
-from partner.store.group_commit import GroupCommit
-from partner.telemetry.attempts import log_attempt
-from partner.outbound.sender import Sender
+from partner.jobs import SCAN_JOB, Jobs
 from partner.outbound.dns import LookupsBusy
+from partner.outbound.sender import Sender
 from partner.outbox import Claim, claim_due, put_off, release
 from partner.outcomes import NOT_RECORDED, Outcome, Recorded, write_outcomes
 from partner.retry import MAX_JITTER, RetryPolicy
+from partner.store.availability import database_failed, database_outage, describe, is_unavailable
+from partner.store.connection import db
+from partner.store.group_commit import GroupCommit
+from partner.store.sql import probe_write
+from partner.telemetry.attempts import log_attempt
 from partner.timestamps import now_ms, to_ms
 
 log = logging.getLogger(__name__)
 
-SCAN_JOB = "scan-due-deliveries"
 # A claim outlives the longest attempt by this much before another scanner may take it over.
 LEASE_MARGIN_SECONDS = 30
 # A finished attempt refills slots once this many are free (or half of them, if fewer): one claim
@@ -53,9 +50,6 @@ REFILL_BATCH = 8
 # finishes, so without this a backlog stays with whichever process holds it (bench/scale_out). A
 # scan that finds nothing writes nothing.
 RESCAN_SECONDS = 0.02
-# Runs of the scan job APScheduler may have under way at once: more than can ever be, since each run
-# that finds another under way returns at once (Dispatcher._scheduled_scan).
-JOB_INSTANCES = 100
 # While the database fails, scans wait this long, doubling up to the maximum (seconds).
 SCAN_BACKOFF_SECONDS, MAX_SCAN_BACKOFF_SECONDS = 1, 60
 # An outcome that could not be written is written again after these pauses (seconds), while the
@@ -77,9 +71,7 @@ class Dispatcher:
         self.policy = RetryPolicy(config["DELIVERY_RETRY_DELAYS"], config["AUTO_DISABLE_THRESHOLD"])
         self.concurrency = config["DELIVERY_CONCURRENCY"]
         self.most_per_subscription = config["DELIVERY_MAX_PER_SUBSCRIPTION"]
-        self.poll_interval = config["DELIVERY_POLL_INTERVAL"]
         self.enabled = config["SCHEDULER_ENABLED"]
-        self.retention_days = config["RETENTION_DAYS"]
         self.lease_ms = to_ms(self.timeout + LEASE_MARGIN_SECONDS)
         self.refill_at = max(1, min(REFILL_BATCH, self.concurrency // 2))
         self.random = random.Random()
@@ -91,12 +83,9 @@ class Dispatcher:
         # Of those, how many subscriptions whose last attempt failed may still take.
         self._free_failing_slots = max(1, self.concurrency // 2)
         self._slots_lock = threading.Lock()
-        self._scheduling_lock = threading.Lock()
-        self._job_lock = threading.Lock()  # guards the two flags below
-        self._job_running = False  # the scheduler's scan job is under way
-        self._job_again = False  # it was due again meanwhile: it scans once more before it ends
         self._pool: ThreadPoolExecutor | None = None
-        self._scheduler: BackgroundScheduler | None = None
+        # self.scan looked up at each run: a seam, so a test can count scans (tests.support.counting_scans).
+        self.jobs = Jobs(lambda: self.scan(), config["DELIVERY_POLL_INTERVAL"], self.clock, config["RETENTION_DAYS"])
         self._stopping = threading.Event()
         self._queued = threading.Event()  # set by wake(), cleared by the next scan that has slots
         self._scan_backoff = 0.0
@@ -113,88 +102,40 @@ class Dispatcher:
 
     def start(self) -> None:
         """Start the pool and the polling job (no-op when PARTNER_SCHEDULER_ENABLED is false)."""
-        if not self.enabled or self._scheduler:
+        if not self.enabled or self._pool:
             return
         self._pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="delivery")
-        with self._scheduling_lock:  # a scan that moves a job waits until every job is scheduled
-            self._scheduler = BackgroundScheduler(timezone=timezone.utc)
-            # A run that finds another under way returns at once (_scheduled_scan): APScheduler's own
-            # limit, which drops a run with a warning each time, is set out of its reach.
-            self._scheduler.add_job(self._scheduled_scan, "interval", seconds=self.poll_interval, id=SCAN_JOB,
-                                    max_instances=JOB_INSTANCES, coalesce=True, next_run_time=_utcnow())
-            retention.schedule(self._scheduler, self.clock, self.retention_days)
-            self._scheduler.start()
+        self.jobs.start()
         log.info("delivery scanner started: concurrency=%d poll_interval=%ss",
-                 self.concurrency, self.poll_interval)
+                 self.concurrency, self.jobs.poll_interval)
 
     def stop(self) -> None:
         """Stop polling and wait for attempts in flight (each ends within the timeout). From the
         first moment nothing more is claimed: a finishing attempt does not refill its slot."""
         self._stopping.set()
-        # Under the lock, so that no scan is inside the scheduler moving a job while shutdown (which
-        # holds the scheduler's own lock) waits for that scan to end.
-        with self._scheduling_lock:
-            scheduler, self._scheduler = self._scheduler, None
-        pool = self._pool
-        if scheduler:
-            scheduler.shutdown(wait=True)
-        if pool:
-            pool.shutdown(wait=True)
+        self.jobs.stop()
+        if self._pool:
+            self._pool.shutdown(wait=True)
             log.info("delivery scanner stopped")
 
     def scheduler_state(self) -> str:
         """`running`, `disabled` (PARTNER_SCHEDULER_ENABLED false) or `stopped` (not started here)."""
         if not self.enabled:
             return "disabled"
-        return "running" if self._scheduler and self._scheduler.running else "stopped"
+        return "running" if self.jobs.running else "stopped"
 
     def wake(self) -> None:
         """Scan now rather than at the next poll: an event was just queued. If no slot is free,
         the next attempt to finish refills its slot at once instead of waiting for REFILL_BATCH
         free ones: the new event may be another organization's, whose turn comes first."""
         self._queued.set()
-        self._run_soon(SCAN_JOB)
+        self.jobs.run_soon(SCAN_JOB)
 
     def purge_soon(self) -> None:
         """Purge deleted subscriptions now rather than at the next run: one was just deleted."""
-        self._run_soon(retention.PURGE_JOB)
-
-    def _run_soon(self, job: str, seconds: float = 0) -> None:
-        """Run `job` in `seconds`, unless it is due by then already: a later time never puts off a
-        wake() or a poll. A run already overdue is moved too: the scheduler drops one late by over a
-        second (its misfire grace time)."""
-        now = _utcnow()
-        at = now + timedelta(seconds=seconds)
-        with self._scheduling_lock:  # no other call moves it between the read and the move
-            scheduler = self._scheduler
-            current = scheduler.get_job(job) if scheduler else None
-            if current and not (current.next_run_time and now <= current.next_run_time <= at):
-                scheduler.modify_job(job, next_run_time=at)
+        self.jobs.run_soon(retention.PURGE_JOB)
 
     # --- scanning ------------------------------------------------------------------------------
-
-    def _scheduled_scan(self) -> None:
-        """The scheduler's scan job (a poll, a wake(), a retry falling due), one run at a time. A run
-        due while another is under way does not scan beside it: it asks that one to scan once more
-        before it ends, so a wake during a scan is never lost, and returns. Letting APScheduler refuse
-        the extra runs instead made it log a warning for each: about 30 a minute under steady pings."""
-        with self._job_lock:
-            if self._job_running:
-                self._job_again = True
-                return
-            self._job_running = True
-        try:
-            while True:
-                self.scan()
-                with self._job_lock:  # decided and marked together: a wake cannot fall between
-                    if not self._job_again:
-                        self._job_running = False
-                        return
-                    self._job_again = False
-        except BaseException:
-            with self._job_lock:
-                self._job_running = False
-            raise
 
     def scan(self) -> int:
         """Claim due deliveries into the free slots and start them; returns how many started."""
@@ -239,11 +180,11 @@ class Dispatcher:
             self._back_off(error)
             return
         if later is not None:
-            self._run_soon(SCAN_JOB, (later - now) / 1000)
+            self.jobs.run_soon(SCAN_JOB, (later - now) / 1000)
         if idle:
-            self._rescan_in = min(self.poll_interval, 2 * self._rescan_in or RESCAN_SECONDS) if due else 0.0
+            self._rescan_in = min(self.jobs.poll_interval, 2 * self._rescan_in or RESCAN_SECONDS) if due else 0.0
             if due:
-                self._run_soon(SCAN_JOB, self._rescan_in)
+                self.jobs.run_soon(SCAN_JOB, self._rescan_in)
 
     def _back_off(self, error: Exception) -> None:
         """The database cannot answer or write (down, disk full, locked): scan less often, log once.
@@ -371,6 +312,3 @@ class Dispatcher:
                 if self._stopping.wait(pause) and unavailable:
                     raise
 
-
-def _utcnow() -> datetime:
-    return datetime.now(timezone.utc)
