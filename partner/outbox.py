@@ -223,7 +223,7 @@ def release(claims: list[Claim], now_ms: int) -> int:
 
 
 def put_off(claim: Claim, due_ms: int) -> bool:
-    """Give back a claim whose attempt could not start (no DNS lookup of its host could: delivery.py):
+    """Give back a claim whose attempt could not start (no DNS lookup of its host could: partner/courier.py):
     pending, due at `due_ms`, the attempt not counted, its subscription's pending deliveries due no
     sooner. Whether the lease was still ours."""
     with write_transaction(durable=False):
