@@ -1,4 +1,4 @@
-"""The delivery dispatcher: scans for due deliveries and runs attempts on a bounded pool.
+"""The delivery dispatcher: scans for due deliveries and runs their attempts (partner/courier.py) on a bounded pool.
 
 One APScheduler job polls every DELIVERY_POLL_INTERVAL seconds; `wake()` runs it at once when an
 event is queued, and every finished attempt refills its slot straight away. Nothing here starts
@@ -13,33 +13,23 @@ hold at most half of the slots together: however many endpoints are dead, once t
 once they leave the other half to the healthy ones.
 """
 
-import dataclasses
-import functools
 import logging
-import random
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 from partner import retention
 from partner.claims import any_due, next_due_at
+from partner.courier import Courier
 from partner.jobs import SCAN_JOB, Jobs
-from partner.outbound.dns import LookupsBusy
-from partner.outbound.sender import Sender
-from partner.outbox import Claim, claim_due, put_off, release
-from partner.outcomes import NOT_RECORDED, Outcome, Recorded, write_outcomes
-from partner.retry import MAX_JITTER, RetryPolicy
+from partner.outbox import Claim, claim_due, release
 from partner.store.availability import database_failed, database_outage, describe, is_unavailable
 from partner.store.connection import db
-from partner.store.group_commit import GroupCommit
 from partner.store.sql import probe_write
-from partner.telemetry.attempts import log_attempt
-from partner.timestamps import now_ms, to_ms
+from partner.timestamps import now_ms
 
 log = logging.getLogger(__name__)
 
-# A claim outlives the longest attempt by this much before another scanner may take it over.
-LEASE_MARGIN_SECONDS = 30
 # A finished attempt refills slots once this many are free (or half of them, if fewer): one claim
 # then starts several attempts, instead of one claim per attempt under load.
 REFILL_BATCH = 8
@@ -52,33 +42,18 @@ REFILL_BATCH = 8
 RESCAN_SECONDS = 0.02
 # While the database fails, scans wait this long, doubling up to the maximum (seconds).
 SCAN_BACKOFF_SECONDS, MAX_SCAN_BACKOFF_SECONDS = 1, 60
-# An outcome that could not be written is written again after these pauses (seconds), while the
-# lease lasts, rather than the attempt being made again when the lease expires.
-RECORD_RETRY_SECONDS = (0.5, 1, 2, 4, 8)
-# A delivery whose host's lookup could not start is due again this much later (seconds). Lookups that
-# fill a bound are slow ones, and one stuck on a name that never answers ends with the resolver's
-# first timeout (5 s) at the soonest: asked sooner, the bound is still full, and every refusal costs
-# a claim and a write (an organization with 100 dead names pinged: 160 a second at 1 s).
-LOOKUP_BUSY_RETRY_SECONDS = 5
 
 
 class Dispatcher:
-    """Claims due deliveries into free slots of a thread pool and records each attempt."""
+    """Claims due deliveries into free slots of a thread pool, where its courier attempts each."""
 
     def __init__(self, config):
-        self.config, self.clock = config, config["CLOCK"]
-        self.timeout = config["DELIVERY_TIMEOUT"]
-        self.policy = RetryPolicy(config["DELIVERY_RETRY_DELAYS"], config["AUTO_DISABLE_THRESHOLD"])
+        self.clock = config["CLOCK"]
+        self.auto_disable_threshold = config["AUTO_DISABLE_THRESHOLD"]
         self.concurrency = config["DELIVERY_CONCURRENCY"]
         self.most_per_subscription = config["DELIVERY_MAX_PER_SUBSCRIPTION"]
         self.enabled = config["SCHEDULER_ENABLED"]
-        self.lease_ms = to_ms(self.timeout + LEASE_MARGIN_SECONDS)
         self.refill_at = max(1, min(REFILL_BATCH, self.concurrency // 2))
-        self.random = random.Random()
-        # Outcomes of attempts finishing together are written at once.
-        self.outcomes = GroupCommit(lambda outcomes: write_outcomes(outcomes, self.policy, self.most_per_subscription))
-        # The record step and its pauses between tries: seams, so a test can make it fail every time.
-        self.record, self.record_pauses = self.outcomes.run, RECORD_RETRY_SECONDS
         self._free_slots = self.concurrency
         # Of those, how many subscriptions whose last attempt failed may still take.
         self._free_failing_slots = max(1, self.concurrency // 2)
@@ -87,16 +62,11 @@ class Dispatcher:
         # self.scan looked up at each run: a seam, so a test can count scans (tests.support.counting_scans).
         self.jobs = Jobs(lambda: self.scan(), config["DELIVERY_POLL_INTERVAL"], self.clock, config["RETENTION_DAYS"])
         self._stopping = threading.Event()
+        self.courier = Courier(config, self._stopping)
         self._queued = threading.Event()  # set by wake(), cleared by the next scan that has slots
         self._scan_backoff = 0.0
         self._next_scan_at = 0.0  # time.monotonic(); later while the database fails
         self._rescan_in = 0.0  # seconds until the next scan while due deliveries wait elsewhere
-
-    @functools.cached_property
-    def sender(self) -> Sender:
-        """Built at first use, not with the app: it loads PARTNER_DELIVERY_CA_BUNDLE (ValueError if it
-        cannot), which the start-up step checks before serving."""
-        return Sender(self.config)
 
     # --- lifecycle -----------------------------------------------------------------------------
 
@@ -150,8 +120,7 @@ class Dispatcher:
             with db.connection_context():
                 if database_outage.active:  # a claim of nothing writes nothing: prove writes commit
                     probe_write()
-                claims = claim_due(now_ms(self.clock), reserved, self.lease_ms, failing,
-                                   self.policy.auto_disable_threshold, self.most_per_subscription)
+                claims = self._claim(reserved, failing)
         except Exception as error:  # noqa: BLE001 - unavailability backs off, the rest re-raised
             self._back_off(error)
             return 0
@@ -217,16 +186,21 @@ class Dispatcher:
         done = 0
         while True:
             with db.connection_context():
-                claims = claim_due(now_ms(self.clock), 1, self.lease_ms, None, self.policy.auto_disable_threshold,
-                                   self.most_per_subscription)
+                claims = self._claim(1, None)
             if not claims:
                 return done
-            self.attempt(claims[0])
+            self.courier.attempt(claims[0])
             done += 1
+
+    def _claim(self, limit: int, failing: int | None) -> list[Claim]:
+        """Claim up to `limit` due deliveries, at most `failing` of them (None: any number) to
+        subscriptions whose last attempt failed (outbox.claim_due)."""
+        return claim_due(now_ms(self.clock), limit, self.courier.lease_ms, failing, self.auto_disable_threshold,
+                         self.most_per_subscription)
 
     def _run_in_slot(self, claim: Claim) -> None:
         try:
-            self.attempt(claim)
+            self.courier.attempt(claim)
         except Exception as error:  # noqa: BLE001 - logged: a pool thread's exception would vanish
             # The claim's lease expires and the attempt is made again; never lose the slot.
             if is_unavailable(error):  # the outage itself is logged once (availability)
@@ -256,59 +230,3 @@ class Dispatcher:
             self._free_slots += count
             self._free_failing_slots += failing
             return self._free_slots == self.concurrency
-
-    # --- one attempt ---------------------------------------------------------------------------
-
-    def attempt(self, claim: Claim) -> Recorded:
-        """Make one attempt of a claimed delivery: send, record, log."""
-        attempted_at = now_ms(self.clock)
-        try:
-            result = self.sender.send(claim, attempted_at)
-        except LookupsBusy as error:
-            return self._put_off(claim, error)
-        outcome = Outcome(claim, result, attempted_at, now_ms(self.clock), self.random.uniform(0, MAX_JITTER),
-                          self.random.random())
-        recorded = self._record(outcome)
-        log_attempt(outcome, recorded)
-        return recorded
-
-    def _put_off(self, claim: Claim, error: LookupsBusy) -> Recorded:
-        """No lookup of the claim's host could start: its tenant's own lookups, or every thread, held
-        by lookups still running (partner/outbound/dns.py). Nothing was sent, so nothing is counted
-        against the subscription: the delivery is given back, due again in LOOKUP_BUSY_RETRY_SECONDS.
-        Should that write fail (the database down), the lease runs out and the delivery is taken again
-        then, counted as an attempt whose outcome was not recorded, as any attempt an outage cuts short."""
-        due_ms = now_ms(self.clock) + to_ms(LOOKUP_BUSY_RETRY_SECONDS)
-        with db.connection_context():
-            put_off(claim, due_ms)
-        log.info("delivery event=%s subscription=%s not attempted: DNS lookup not started (%s); due again "
-                 "in %s s", claim.event_id, claim.subscription_id, error, LOOKUP_BUSY_RETRY_SECONDS)
-        return NOT_RECORDED
-
-    def _record(self, outcome: Outcome) -> Recorded:
-        """Write the outcome; when that fails, write it again with backoff while the lease lasts
-        (an outage, a full disk), without its response excerpt if the text itself was refused,
-        rather than letting the lease expire and the attempt be made again."""
-        claim = outcome.claim
-        deadline = claim.claimed_at + self.lease_ms / 1000 - LEASE_MARGIN_SECONDS / 2
-        pauses = iter(self.record_pauses)
-        while True:
-            try:
-                return self.record(outcome)
-            except Exception as error:  # noqa: BLE001 - logged, then retried or re-raised
-                pause = next(pauses, None)
-                if pause is None or time.monotonic() + pause > deadline:
-                    raise
-                # An outage is the operator's to act on once (database_failed logs it), not per outcome.
-                unavailable = is_unavailable(error)
-                if unavailable:
-                    database_failed(error)
-                log.log(logging.WARNING if unavailable else logging.ERROR,
-                        "delivery event=%s attempt=%d: outcome not recorded (%s), again in %s s",
-                        claim.event_id, claim.attempt, describe(error), pause)
-                if not unavailable:
-                    outcome = dataclasses.replace(
-                        outcome, result=dataclasses.replace(outcome.result, response_excerpt=""))
-                if self._stopping.wait(pause) and unavailable:
-                    raise
-

@@ -14,13 +14,14 @@ after it (and finds the subscription deleted). On PostgreSQL they overlap: the t
 subscription in its statement's snapshot, and the delete writes no pending delivery, so no row lock
 of the take would meet it. So the take holds the subscription of each delivery it takes (FOR SHARE,
 which the delete's UPDATE of it waits for), and recording holds each delivery and then its
-subscription, and records nothing for a deleted one (_HOLD). Each order of the two then ends right:
+subscription, and records nothing for a deleted one (outcomes._HOLD). Each order of the two then
+ends right:
 - the delete commits before the take locks the subscription: PostgreSQL checks a row it locks again
   in its newest version, so the take finds it deleted and takes nothing;
 - the delete holds the subscription, uncommitted: the take passes over it (SKIP LOCKED);
 - the take holds it first: the delete waits for the claim's commit, so the attempt was under way
-  before the 204; its outcome, written after, finds the subscription deleted, though _DROP_LEASES
-  ran before the take committed and could not see it;
+  before the 204; its outcome, written after, finds the subscription deleted, though
+  subscriptions._DROP_LEASES ran before the take committed and could not see it;
 - recording holds it first: the outcome commits before the delete does, which then finds no attempt.
 Deadlocks: the take waits for nothing (SKIP LOCKED, and only a try at each subscription's turn:
 _TAKE_TURN); recording, the delete and an auto-disable (part of recording) take the delivery before
@@ -51,7 +52,7 @@ log = logging.getLogger(__name__)
 
 # Every attempt runs these, so they are written once as SQL rather than built by the ORM each time:
 # peewee spent more of the dispatcher's CPU compiling them than SQLite spent running them
-# (bench/delivery_throughput). Portable, like keys._KEY_LOOKUP, and run by database.run_sql, which
+# (bench/delivery_throughput). Portable, like keys._KEY_LOOKUP, and run by sql.run_sql, which
 # fills every {name} in one pass; the state conditions are the partial indexes' own (models), so
 # the indexes still apply.
 # Takes the picked deliveries (claims.pick_due) that are still due and whose subscription is not
@@ -223,7 +224,7 @@ def release(claims: list[Claim], now_ms: int) -> int:
 
 
 def put_off(claim: Claim, due_ms: int) -> bool:
-    """Give back a claim whose attempt could not start (no DNS lookup of its host could: delivery.py):
+    """Give back a claim whose attempt could not start (no DNS lookup of its host could: partner/courier.py):
     pending, due at `due_ms`, the attempt not counted, its subscription's pending deliveries due no
     sooner. Whether the lease was still ours."""
     with write_transaction(durable=False):

@@ -76,7 +76,7 @@ def start_worker(app: Flask) -> None:
 
 def _check_delivery_settings(app: Flask) -> None:
     try:
-        app.extensions["delivery"].sender  # noqa: B018 - built now, so that a bad CA bundle is refused now
+        app.extensions["delivery"].courier.sender  # noqa: B018 - built now, so that a bad CA bundle is refused now
     except ValueError as error:
         refuse(error, "refusing to start: %s", error)
 

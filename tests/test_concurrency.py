@@ -385,7 +385,7 @@ def test_wakes_during_long_scans_are_kept_and_make_the_scheduler_warn_nothing(di
     org = organization("acme")
     for subscription in subscriptions(org, 2, slow.url):
         enqueue_ping(subscription)
-    dispatcher.record, dispatcher.record_pauses = refuse_to_record, ()
+    dispatcher.courier.record, dispatcher.courier.record_pauses = refuse_to_record, ()
     dispatcher.start()
     assert slow.wait_for(2)  # two of the four slots in flight
     [waiting] = subscriptions(org, 1, fast.url)

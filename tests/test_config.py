@@ -20,7 +20,7 @@ def test_the_default_trust_store_needs_no_bundle(config):
 
 def test_a_bundle_is_loaded_at_start_up(config, ca_bundle):
     app = create_app({**config, "DELIVERY_CA_BUNDLE": ca_bundle})
-    assert app.extensions["delivery"].sender.transport.tls.get_ca_certs() != []
+    assert app.extensions["delivery"].courier.sender.transport.tls.get_ca_certs() != []
 
 
 @pytest.mark.parametrize("bundle", ["/nonexistent/ca.pem", 42, ["/etc/ssl/certs"]])

@@ -16,7 +16,7 @@ from partner.outbox import claim_due
 from models import Delivery, Failure, Subscription, db
 from tests.receivers import Receiver, drip, drip_bytes, hang, read_request
 from partner.timestamps import iso
-from delivery import LOOKUP_BUSY_RETRY_SECONDS
+from partner.courier import LOOKUP_BUSY_RETRY_SECONDS
 from tests.support import SLACK_SECONDS, WEBHOOKS, bearer, counting_scans, eventually, field_codes, json_of, ping_as
 
 DAY = 86400
@@ -311,7 +311,7 @@ def test_a_lookup_that_does_not_answer_in_time_is_a_timeout_lasting_the_deadline
 @pytest.mark.config(DELIVERY_TIMEOUT=1)
 def test_the_lookup_counts_against_the_attempts_deadline(resolver, subscribe, ping, dispatcher, failures):
     slow = Receiver(script=[hang(60)]).start()
-    transport, left_for_the_post = dispatcher.sender.transport, []
+    transport, left_for_the_post = dispatcher.courier.sender.transport, []
 
     def post(target, body, headers, deadline):
         left_for_the_post.append(deadline.remaining())
@@ -385,9 +385,9 @@ def test_a_name_that_stops_resolving_is_a_connection_error(resolver, receiver, s
 def test_an_interrupted_attempt_is_retried_after_its_lease(app, dispatcher, receiver, subscribe, ping, clock):
     event_id = ping(subscribe(receiver.url)).get_json()["id"]
     with app.app_context(), db.connection_context():
-        [claim] = claim_due(int(clock() * 1000), 10, dispatcher.lease_ms)  # then the process "dies"
+        [claim] = claim_due(int(clock() * 1000), 10, dispatcher.courier.lease_ms)  # then the process "dies"
     assert dispatcher.run_due() == 0
-    clock.advance(dispatcher.lease_ms / 1000 + 1)
+    clock.advance(dispatcher.courier.lease_ms / 1000 + 1)
     assert dispatcher.run_due() == 1
     assert [(r.headers["X-VC-Event-Id"], r.headers["X-VC-Attempt"]) for r in receiver.received] == \
         [(event_id, "1")]
@@ -398,10 +398,10 @@ def test_a_late_finish_after_the_lease_was_taken_over_is_not_recorded(app, dispa
                                                                        ping, clock, failures):
     ping(failing)
     with app.app_context(), db.connection_context():
-        [stale] = claim_due(int(clock() * 1000), 10, dispatcher.lease_ms)
-    clock.advance(dispatcher.lease_ms / 1000 + 1)
+        [stale] = claim_due(int(clock() * 1000), 10, dispatcher.courier.lease_ms)
+    clock.advance(dispatcher.courier.lease_ms / 1000 + 1)
     dispatcher.run_due()  # the takeover attempt
-    dispatcher.attempt(stale)  # the original claimant wakes up late
+    dispatcher.courier.attempt(stale)  # the original claimant wakes up late
     assert [f["attempt"] for f in failures(failing)["data"]] == [1]
 
 
@@ -630,12 +630,12 @@ def test_an_outcome_is_written_again_only_while_the_claims_lease_lasts(app, disp
         writes.append(time.monotonic())
         raise RuntimeError("the outcome cannot be written")
 
-    dispatcher.record, dispatcher.record_pauses = refuse, (0.01, 0.01, 0.01)
+    dispatcher.courier.record, dispatcher.courier.record_pauses = refuse, (0.01, 0.01, 0.01)
     ping(subscribe(receiver.url))
     with db.connection_context():
-        [claim] = claim_due(int(clock() * 1000), 1, dispatcher.lease_ms)
+        [claim] = claim_due(int(clock() * 1000), 1, dispatcher.courier.lease_ms)
     # As if the attempt had taken all but 10 s of the lease (a partner answering at the deadline).
-    claim = dataclasses.replace(claim, claimed_at=claim.claimed_at - dispatcher.lease_ms / 1000 + 10)
+    claim = dataclasses.replace(claim, claimed_at=claim.claimed_at - dispatcher.courier.lease_ms / 1000 + 10)
     with pytest.raises(RuntimeError):
-        dispatcher.attempt(claim)
+        dispatcher.courier.attempt(claim)
     assert len(writes) == 1  # past the lease's safe end (half its margin before it): no retry

@@ -355,13 +355,13 @@ def refuse(*args):
 @pytest.mark.config(WEBHOOK_ALLOWED_NETWORKS=["127.0.0.0/8"], AUTO_DISABLE_THRESHOLD=1)
 def test_a_record_step_that_always_fails_ends_in_a_not_recorded_dead_letter(dispatcher, clock, database,
                                                                            organization, receiver):
-    dispatcher.record, dispatcher.record_pauses = refuse, ()  # the seams: never written, no retry
+    dispatcher.courier.record, dispatcher.courier.record_pauses = refuse, ()  # the seams: never written, no retry
     [subscription] = subscriptions(organization("acme"), 1, receiver.url)
     event_id = enqueue_ping(subscription, int(clock() * 1000))
     for _ in range(MAX_UNRECORDED):
         with pytest.raises(RecordRefused):
             dispatcher.run_due()
-        clock.advance(dispatcher.lease_ms / 1000)  # the lease expires: the attempt was never recorded
+        clock.advance(dispatcher.courier.lease_ms / 1000)  # the lease expires: the attempt was never recorded
     assert dispatcher.run_due() == 0  # dead-lettered by the claim, not sent a fourth time
     assert [r.headers["X-VC-Event-Id"] for r in receiver.received] == [event_id] * MAX_UNRECORDED
     assert Delivery.get_by_id(event_id).state == "dead"

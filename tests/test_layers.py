@@ -15,7 +15,7 @@ LAYERS = (
     ("partner.store", "models"),
     ("partner.keys", "partner.subscriptions", "partner.events", "partner.outbox", "partner.outcomes", "partner.claims", "partner.concurrency",
      "partner.retry", "partner.retention", "partner.resealing", "partner.history", "partner.dead_letters", "partner.organizations"),
-    ("delivery", "partner.jobs", "partner.edge", "partner.startup"),
+    ("delivery", "partner.jobs", "partner.courier", "partner.edge", "partner.startup"),
     ("partner.operator", "app", "wsgi", "gunicorn.conf"),
 )
 
