@@ -1,14 +1,22 @@
 """The yardstick of api_overhead: a bare Flask app with one JSON route and nothing else.
 
 Served by the repo's gunicorn.conf.py like the service (`gunicorn bench.bare_app:app`), so both
-have the same worker class, threads and access log. Its post_worker_init hook reads the `OPS_PORT`
-setting and starts `extensions["delivery"]`, hence no ops port and a stand-in that does nothing.
+have the same worker class, threads and access log. Its post_worker_init hook runs the service's
+worker start-up (partner/startup.py `start_worker`: the settings, the sealing keys, the delivery
+transport) and starts `extensions["delivery"]`, hence the service's settings and a stand-in that
+delivers nothing.
 """
+
+from types import SimpleNamespace
 
 from flask import Flask
 
+from partner.config import load_config
+
 
 class _NoDelivery:
+    courier = SimpleNamespace(sender=None)  # what the worker start-up builds, to refuse a bad CA bundle
+
     def start(self) -> None:
         pass
 
@@ -17,7 +25,7 @@ class _NoDelivery:
 
 
 app = Flask(__name__)
-app.config["OPS_PORT"] = None
+load_config(app, None)
 app.extensions["delivery"] = _NoDelivery()
 
 

@@ -17,7 +17,6 @@ from datetime import datetime, timedelta, timezone
 from models import Setting, db
 from partner.store.availability import is_unavailable
 from partner.store.sql import is_sqlite, run_sql, write_transaction
-from partner.config import MAX_DAYS
 from partner.timestamps import iso, now_ms
 
 log = logging.getLogger(__name__)

@@ -6,6 +6,7 @@ from flask import current_app
 from flask.cli import AppGroup
 
 from partner import resealing, retention, sealing
+from partner.config import MAX_DAYS
 from partner.operator.commands import now, run, starts, unless_refused
 from partner.startup import AS_IT_IS, NOTHING, UP_TO_DATE
 from partner.store import backup, migrations
@@ -17,7 +18,7 @@ encryption_cli = AppGroup("encryption", help="Keys that seal webhook secrets at 
 
 
 @db_cli.command("prune")
-@click.option("--older-than", "days", type=click.IntRange(1, retention.MAX_DAYS),
+@click.option("--older-than", "days", type=click.IntRange(1, MAX_DAYS),
               help="Days to keep [default: PARTNER_RETENTION_DAYS].")
 @starts(UP_TO_DATE)
 def db_prune(days: int | None) -> None:
