@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 # must not hold a request thread (and every request queued behind it) for the resolver's ~10 s.
 CREATE_LOOKUP_SECONDS = 2.0
 # The creates' lookups (partner/outbound/dns.py): an organization whose names never answer holds at
-# most CREATE_LOOKUPS_PER_ORGANIZATION of these threads, so at most that many of a worker's 8 request
+# most CREATE_LOOKUPS_PER_ORGANIZATION of these threads, and at most that many of a worker's 8 request
 # threads wait on its lookups; its other creates are refused at once (503).
 CREATE_LOOKUP_THREADS, CREATE_LOOKUPS_PER_ORGANIZATION = 32, 4
 
@@ -63,7 +63,7 @@ def create_app(overrides: dict | None = None) -> Flask:
     app.extensions["rate_limits"] = RateLimits(app)
     app.extensions["delivery"] = Dispatcher(app.config)
     app.extensions["lookups"] = Lookups(app.config["RESOLVER"], CREATE_LOOKUP_THREADS,
-                                        CREATE_LOOKUPS_PER_ORGANIZATION)
+                                        CREATE_LOOKUPS_PER_ORGANIZATION, CREATE_LOOKUPS_PER_ORGANIZATION)
     install_health(app)  # first: it counts every request, those the hooks below refuse too
     install_request_ids(app)
     install_response_headers(app)

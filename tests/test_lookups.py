@@ -144,3 +144,45 @@ def test_creating_lookups_starts_no_thread(resolver):
     before = threading.active_count()
     Lookups(resolver)
     assert threading.active_count() == before
+
+
+def test_a_tenants_callers_asking_again_for_a_name_it_holds_cost_no_more_of_its_bound(resolver):
+    """A partner whose endpoint's name never answers keeps asking for it (each attempt to that
+    endpoint); its other names are still looked up."""
+    lookups = Lookups(resolver, threads=8, per_tenant=2)
+    stuck(lookups, resolver, "acme", "dead.partner.example")
+    waiting = [threading.Thread(target=_waits, args=(lookups, "dead.partner.example", "acme"))
+               for _ in range(3)]
+    for thread in waiting:
+        thread.start()
+    assert eventually(lambda: resolver.lookups.count("dead.partner.example") == 1 and _waiting(lookups, "acme") == 3)
+    assert lookups.resolve("hooks.partner.example", "acme", 1) == ANSWER
+    resolver.released.set()
+    for thread in waiting:
+        thread.join()
+
+
+def test_with_a_bound_on_waiting_callers_the_next_caller_is_refused_even_for_a_held_name(resolver):
+    """Creates wait on request threads: a tenant asking over and over for one name that never
+    answers holds at most `waiting_per_tenant` of them."""
+    lookups = Lookups(resolver, threads=8, per_tenant=4, waiting_per_tenant=2)
+    resolver.stalled.add("dead.partner.example")
+    waiting = [threading.Thread(target=_waits, args=(lookups, "dead.partner.example", "attacker"))
+               for _ in range(2)]
+    for thread in waiting:
+        thread.start()
+    assert eventually(lambda: _waiting(lookups, "attacker") == 2)
+    assert refused_at_once(lookups, "dead.partner.example", "attacker")
+    assert lookups.resolve("hooks.partner.example", "partner", 1) == ANSWER
+    resolver.released.set()
+    for thread in waiting:
+        thread.join()
+
+
+def _waits(lookups: Lookups, host: str, tenant: str) -> None:
+    """Wait for `host`'s answer: the stalled name's, once the test lets it answer."""
+    assert lookups.resolve(host, tenant, 60) == ANSWER
+
+
+def _waiting(lookups: Lookups, tenant: str) -> int:
+    return lookups._waiting[tenant]  # noqa: SLF001 - the callers under way, which no answer shows

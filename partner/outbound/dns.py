@@ -12,12 +12,18 @@ of one organization, held every thread; every other organization's lookups then 
 until their callers gave up, their creates refused as `invalid_url`, their attempts recorded as
 timeouts. Three rules now, in the order a lookup meets them:
 
-1. Per tenant: at most `per_tenant` lookups in flight. One counts from the moment its caller asks
-   until its caller stops waiting or, for the caller that started it, until the resolver answers,
-   whichever comes later: a lookup abandoned at its caller's deadline still counts while its thread
-   is stuck. So a tenant whose names never answer holds at most `per_tenant` threads and
-   `per_tenant` waiting callers, however often it asks; it is refused beyond that, as is any tenant
-   at its bound, whoever's names are slow.
+1. Per tenant: lookups of at most `per_tenant` names in flight, and, if `waiting_per_tenant` is
+   set, at most that many of its callers waiting. A tenant holds a name from the moment one of its
+   callers asks until each of them has stopped waiting and, if one of them started the lookup, the
+   resolver has answered, whichever comes later: a lookup abandoned at its caller's deadline still
+   counts while its thread is stuck. So a tenant whose names never answer holds at most
+   `per_tenant` threads, however often it asks; it is refused beyond that, as is any tenant at its
+   bound, whoever's names are slow. Its callers asking again for a name it holds cost no more: a
+   partner with a few endpoints whose names never answer still has lookups for the others (in
+   release 1.3 as first built, each waiting attempt counted again, and five dead names of 100
+   filled an organization's bound: its healthy deliveries were put off for good). Creates bound
+   their waiting callers too, since those are request threads; a delivery slot is bounded by the
+   dispatcher.
 2. Per name: one lookup at a time, shared by every caller that asks for the name while it runs (of
    any tenant, each counted against its own): a name that never answers holds one thread, not one
    per caller; a tenant asking for a name another's lookup holds waits for that same answer, which
@@ -62,18 +68,21 @@ class _Lookup:
 
 
 class Lookups:
-    """Runs `resolve` on at most `threads` daemon threads, started when first needed, at most
-    `per_tenant` lookups in flight for each tenant (module docstring)."""
+    """Runs `resolve` on at most `threads` daemon threads, started when first needed, with lookups of
+    at most `per_tenant` names in flight for each tenant, and at most `waiting_per_tenant` (None: no
+    bound) of its callers waiting (module docstring)."""
 
-    def __init__(self, resolve: Resolver, threads: int = 16, per_tenant: int = 4) -> None:
+    def __init__(self, resolve: Resolver, threads: int = 16, per_tenant: int = 4,
+                 waiting_per_tenant: int | None = None) -> None:
         self._resolve = resolve
         self._max_threads = threads
-        self._per_tenant = per_tenant
+        self._per_tenant, self._waiting_per_tenant = per_tenant, waiting_per_tenant
         self._threads = 0
         self._idle_threads = 0
         self._jobs: queue.SimpleQueue[tuple[str, _Lookup]] = queue.SimpleQueue()
         self._pending: dict[str, _Lookup] = {}
-        self._in_flight: Counter[str] = Counter()
+        self._held: dict[str, Counter[str]] = {}  # tenant -> the names it holds, each with its holds
+        self._waiting: Counter[str] = Counter()  # tenant -> its callers waiting
         self._lock = threading.Lock()
 
     def resolver_for(self, tenant: str, remaining: Callable[[], float]) -> Resolver:
@@ -92,13 +101,16 @@ class Lookups:
                 raise TimeoutError(f"no answer for {host!r} within {seconds:g} s") from None
             return lookup.future.result()
         finally:
-            self._stop_waiting(lookup, tenant, started)
+            self._stop_waiting(lookup, host, tenant, started)
 
     def _join_or_start(self, host: str, tenant: str) -> tuple[_Lookup, bool]:
         """The lookup under way for `host`, or a new one on a thread; whether this caller started it."""
         with self._lock:
-            if self._in_flight[tenant] >= self._per_tenant:
-                raise LookupsBusy(f"{self._per_tenant} lookups of this tenant are under way")
+            held = self._held.get(tenant, {})
+            if host not in held and len(held) >= self._per_tenant:
+                raise LookupsBusy(f"lookups of {self._per_tenant} names of this tenant are under way")
+            if self._waiting_per_tenant is not None and self._waiting[tenant] >= self._waiting_per_tenant:
+                raise LookupsBusy(f"{self._waiting_per_tenant} callers of this tenant wait for lookups")
             lookup = self._pending.get(host)
             started = lookup is None
             if started:
@@ -111,20 +123,27 @@ class Lookups:
                     self._threads += 1
                     threading.Thread(target=self._work, name=f"dns-{self._threads}", daemon=True).start()
                 self._jobs.put((host, lookup))
-            self._in_flight[tenant] += 1
+            self._held.setdefault(tenant, Counter())[host] += 1
+            self._waiting[tenant] += 1
         return lookup, started
 
-    def _stop_waiting(self, lookup: _Lookup, tenant: str, started: bool) -> None:
+    def _stop_waiting(self, lookup: _Lookup, host: str, tenant: str, started: bool) -> None:
         with self._lock:
+            self._waiting[tenant] -= 1
+            if not self._waiting[tenant]:
+                del self._waiting[tenant]  # a Counter keeps zeros: one entry per tenant ever seen
             if started and not lookup.future.done():
-                lookup.starter_waiting = False  # the lookup's end gives the count back (_work)
+                lookup.starter_waiting = False  # the lookup's end gives its hold back (_work)
             else:
-                self._give_back(tenant)
+                self._give_back(tenant, host)
 
-    def _give_back(self, tenant: str) -> None:
-        self._in_flight[tenant] -= 1
-        if not self._in_flight[tenant]:
-            del self._in_flight[tenant]  # a Counter keeps zeros: one entry per tenant ever seen
+    def _give_back(self, tenant: str, host: str) -> None:
+        held = self._held[tenant]
+        held[host] -= 1
+        if not held[host]:
+            del held[host]
+            if not held:
+                del self._held[tenant]
 
     def _work(self) -> None:
         while True:
@@ -137,7 +156,7 @@ class Lookups:
                 del self._pending[host]
                 self._idle_threads += 1
                 if not lookup.starter_waiting:
-                    self._give_back(lookup.tenant)
+                    self._give_back(lookup.tenant, host)
                 # Under the lock: a starter that stops waiting now sees the answer and gives its
                 # count back itself, and no thread gives it back twice.
                 if failure is None:
