@@ -30,7 +30,6 @@ def now() -> int:
     return now_ms(current_app.config["CLOCK"])
 
 
-
 def table(header: tuple, rows) -> None:
     click.echo("\t".join(header))
     for row in rows:

@@ -40,12 +40,9 @@ def create_command(org: str, scopes: tuple[str, ...], rate_limit: int | None) ->
 @starts(UP_TO_DATE)
 def list_command(org: str | None) -> None:
     """List keys (never their secrets)."""
-    keys = run(list_keys, org)
-    click.echo("KEY_ID\tORG\tSCOPES\tRATE_LIMIT\tCREATED_AT\tREVOKED_AT")
-    for key in keys:
-        click.echo("\t".join([key.key_id, key.organization.slug, ",".join(sorted(key.scope_set)),
-                              str(key.organization.rate_limit_per_minute), iso(key.created_at),
-                              iso(key.revoked_at) or "-"]))
+    table(("KEY_ID", "ORG", "SCOPES", "RATE_LIMIT", "CREATED_AT", "REVOKED_AT"),
+          ((key.key_id, key.organization.slug, ",".join(sorted(key.scope_set)), key.organization.rate_limit_per_minute,
+            iso(key.created_at), iso(key.revoked_at)) for key in run(list_keys, org)))
 
 
 @keys_cli.command("revoke")
@@ -79,7 +76,7 @@ orgs_cli = AppGroup("orgs", help="Organizations: their rate limits, keys, subscr
 def orgs_list() -> None:
     """List organizations: limit, active keys, subscriptions, open and dead deliveries."""
     table(("SLUG", "RATE_LIMIT_PER_MINUTE", "ACTIVE_KEYS", "SUBSCRIPTIONS", "PENDING", "DEAD"),
-           (org.row() for org in run(list_organizations)))
+          (org.row() for org in run(list_organizations)))
 
 
 @orgs_cli.command("set-limit")

@@ -26,10 +26,10 @@ def webhooks_list(org: str | None, disabled: bool) -> None:
     rows = run(subscriptions_overview, org, disabled)
     most = current_app.config["DELIVERY_MAX_PER_SUBSCRIPTION"]
     table(("ID", "ORG", "URL", "ACTIVE", "CONSECUTIVE_FAILURES", "AUTO_DISABLED_AT", "PENDING", "DEAD",
-            "CONCURRENCY", "LIMIT"),
-           ((s.id, s.organization.slug, s.url, str(s.active).lower(), s.consecutive_failures,
-             iso(s.auto_disabled_at), s.pending, s.dead, "auto" if s.concurrency_pin is None else s.concurrency_pin,
-             effective_limit(s.concurrency_pin, s.concurrency_limit, most)) for s in rows))
+           "CONCURRENCY", "LIMIT"),
+          ((s.id, s.organization.slug, s.url, str(s.active).lower(), s.consecutive_failures,
+            iso(s.auto_disabled_at), s.pending, s.dead, "auto" if s.concurrency_pin is None else s.concurrency_pin,
+            effective_limit(s.concurrency_pin, s.concurrency_limit, most)) for s in rows))
 
 
 class Concurrency(click.ParamType):
@@ -88,8 +88,8 @@ def deliveries_list(subscription_id: str | None, org: str | None, state: str | N
     """List deliveries across subscriptions, newest event first."""
     rows = run(list_deliveries, subscription_id, org, state, since, limit)
     table(("EVENT_ID", "SUBSCRIPTION", "ORG", "KIND", "STATE", "ATTEMPTS", "CREATED_AT", "DUE_OR_FINISHED_AT"),
-           ((r.event_id, r.subscription_id, r.organization, r.kind, r.state, r.attempts, iso(r.created_at),
-             iso(r.due_or_finished_at)) for r in rows))
+          ((r.event_id, r.subscription_id, r.organization, r.kind, r.state, r.attempts, iso(r.created_at),
+            iso(r.due_or_finished_at)) for r in rows))
 
 
 @deliveries_cli.command("show")
@@ -100,7 +100,7 @@ def deliveries_show(event_id: str, subscription_id: str | None) -> None:
     """One event: its subscription, every attempt in order, and why it ended or when it is next due."""
     config = current_app.config
     story = run(delivery_story, event_id, now(),
-                 RetryPolicy(config["DELIVERY_RETRY_DELAYS"], config["AUTO_DISABLE_THRESHOLD"]), subscription_id)
+                RetryPolicy(config["DELIVERY_RETRY_DELAYS"], config["AUTO_DISABLE_THRESHOLD"]), subscription_id)
     subscription = story.subscription
     lines = [("event", story.event_id), ("kind", story.kind), ("created_at", iso(story.created_at)),
              ("subscription", f"{subscription.id} ({_subscription_state(subscription)})"),
@@ -112,8 +112,8 @@ def deliveries_show(event_id: str, subscription_id: str | None) -> None:
         click.echo(f"{name + ':':<14}{value}")
     click.echo()
     table(("ATTEMPT", "ATTEMPTED_AT", "OUTCOME", "HTTP_STATUS", "ERROR", "ERROR_DETAIL", "DURATION_MS", "EXCERPT"),
-           ((a.number, iso(a.attempted_at) or "not recorded", a.outcome, a.http_status, a.error, a.error_detail,
-             a.duration_ms, _one_line(a.excerpt) or None) for a in story.attempts))
+          ((a.number, iso(a.attempted_at) or "not recorded", a.outcome, a.http_status, a.error, a.error_detail,
+            a.duration_ms, _one_line(a.excerpt) or None) for a in story.attempts))
 
 
 def _subscription_state(subscription) -> str:
