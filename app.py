@@ -43,6 +43,7 @@ CREATE_LOOKUP_SECONDS = 2.0
 CREATE_LOOKUP_THREADS, CREATE_LOOKUPS_PER_ORGANIZATION = 32, 4
 
 api = Blueprint("api", __name__, url_prefix="/api/v1/partner")
+api.before_request(authenticate)
 
 
 def create_app(overrides: dict | None = None) -> Flask:
@@ -67,7 +68,9 @@ def create_app(overrides: dict | None = None) -> Flask:
     install_health(app)  # first: it counts every request, those the hooks below refuse too
     install_request_ids(app)
     install_response_headers(app)
-    _trust_proxies(app, app.config["TRUSTED_PROXIES"], app.config["TRUSTED_PROXY_NETWORKS"])
+    if app.config["TRUSTED_PROXIES"]:  # else X-Forwarded-* are only text a client wrote
+        app.wsgi_app = ForwardedFromProxies(app.wsgi_app, app.config["TRUSTED_PROXIES"],
+                                            app.config["TRUSTED_PROXY_NETWORKS"])
     app.before_request(_refuse_doubled_slashes)
     install_ops_port(app)
     app.teardown_request(_close_connection)
@@ -77,14 +80,6 @@ def create_app(overrides: dict | None = None) -> Flask:
     for group in COMMANDS:
         app.cli.add_command(group)
     return app
-
-
-def _trust_proxies(app: Flask, hops: int, proxies: tuple) -> None:
-    # The client address (the failed-authentication budget's key) and scheme as the last `hops`
-    # proxies saw them, when the request comes from one; with none, X-Forwarded-* are only text a
-    # client wrote.
-    if hops:
-        app.wsgi_app = ForwardedFromProxies(app.wsgi_app, hops, proxies)
 
 
 def _refuse_doubled_slashes() -> None:
@@ -99,11 +94,6 @@ def _close_connection(_error=None) -> None:
     # some take none (a 404, a malformed key).
     if not db.is_closed():
         db.close()
-
-
-@api.before_request
-def _authenticate() -> None:
-    authenticate()
 
 
 @api.after_request

@@ -45,7 +45,7 @@ control_socket_disable = True
 # Path only (%(U)s), never the query string, so nothing a client puts in a URL reaches the log.
 accesslog = "-"
 access_log_format = ACCESS_FORMAT
-# Client text in our lines is escaped and bounded (partner/operator/logs.py).
+# Client text in our lines is escaped and bounded (partner/telemetry/logs.py).
 logger_class = GunicornLogger
 logconfig_dict = logging_config(os.environ.get("PARTNER_LOG_FORMAT", "text"),
                                 os.environ.get("PARTNER_LOG_LEVEL", "INFO"))

@@ -58,37 +58,22 @@ def signature_headers(secret: str, body: bytes, now_ms: int | None = None) -> di
     return {SIGNATURE_HEADER: sign(secret, timestamp, body), TIMESTAMP_HEADER: timestamp}
 
 
-def verify(
-    headers: Mapping[str, str],
-    body: bytes,
-    secrets: str | Iterable[str],
-    now_ms: int | None = None,
-    tolerance_ms: int = DEFAULT_TOLERANCE_MS,
-) -> None:
-    """Raise SignatureError unless the headers carry a valid, fresh signature of body."""
+def verify(headers: Mapping[str, str], body: bytes, secrets: str | Iterable[str], now_ms: int | None = None,
+           tolerance_ms: int = DEFAULT_TOLERANCE_MS) -> None:
+    """Raise SignatureError unless the headers carry a valid, fresh signature of body: the spec's
+    five checks, in order."""
     try:
-        _verify(headers, body, secrets, now_ms, tolerance_ms)
+        signature_header, timestamp_header = _read_headers(headers)
+        values = _parse_signature(signature_header)
+        timestamp = _parse_timestamp(timestamp_header)
+        _check_fresh(int(timestamp), _now_or(now_ms), tolerance_ms)
+        _check_digest(values, timestamp, body, _candidate_secrets(secrets))
     except SignatureError:
         raise
     except Exception as exc:
         # The contract promises one exception type whatever the input; the
-        # checks below name every failure they foresee, this catches the rest.
+        # checks name every failure they foresee, this catches the rest.
         raise SignatureError("invalid_input") from exc
-
-
-def _verify(
-    headers: Mapping[str, str],
-    body: bytes,
-    secrets: str | Iterable[str],
-    now_ms: int | None,
-    tolerance_ms: int,
-) -> None:
-    """Run the spec's five checks in order."""
-    signature_header, timestamp_header = _read_headers(headers)
-    values = _parse_signature(signature_header)
-    timestamp = _parse_timestamp(timestamp_header)
-    _check_fresh(int(timestamp), _now_or(now_ms), tolerance_ms)
-    _check_digest(values, timestamp, body, _candidate_secrets(secrets))
 
 
 def _read_headers(headers: Mapping[str, str]) -> tuple[object, object]:

@@ -19,11 +19,9 @@ timeouts. Three rules now, in the order a lookup meets them:
    counts while its thread is stuck. So a tenant whose names never answer holds at most
    `per_tenant` threads, however often it asks; it is refused beyond that, as is any tenant at its
    bound, whoever's names are slow. Its callers asking again for a name it holds cost no more: a
-   partner with a few endpoints whose names never answer still has lookups for the others (in
-   release 1.3 as first built, each waiting attempt counted again, and five dead names of 100
-   filled an organization's bound: its healthy deliveries were put off for good). Creates bound
-   their waiting callers too, since those are request threads; a delivery slot is bounded by the
-   dispatcher.
+   partner with a few endpoints whose names never answer still has lookups for the others.
+   Creates bound their waiting callers too, since those are request threads; a delivery slot is
+   bounded by the dispatcher.
 2. Per name: one lookup at a time, shared by every caller that asks for the name while it runs (of
    any tenant, each counted against its own): a name that never answers holds one thread, not one
    per caller; a tenant asking for a name another's lookup holds waits for that same answer, which

@@ -108,20 +108,9 @@ class Transport:
 
     def post(self, target: Target, body: bytes, headers: Mapping[str, str],
              deadline: Deadline) -> AttemptResult:
-        """POST body to target before the deadline; never raises for network outcomes.
-
-        The request carries `headers`, plus Host (`target.host`, with `:port` when not the
-        scheme's default), Content-Length and `Accept-Encoding: identity` (the body is never
-        decoded, so we ask for it plain). Outcomes:
-
-        * 2xx whose body ended (or reached MAX_RESPONSE_BYTES) in time: ok.
-        * 3xx: error "redirect", never followed; other statuses: error "http_status".
-        * Deadline reached: error "timeout", with `http_status` set when the status line had
-          already arrived (the body had not finished), else None.
-        * Refused, reset, cut short: "connection_error"; handshake or certificate: "tls_error".
-
-        Every failure but "http_status" says its cause in `error_detail` (causes.py).
-        """
+        """POST body to target before the deadline, as an AttemptResult (its fields say the outcomes);
+        never raises for network outcomes. Adds Host, Content-Length and `Accept-Encoding: identity`:
+        the body is never decoded, so it is asked for plain."""
         addresses = _parse_addresses(target)
         headers = {**headers, "Host": _host_header(target), "Accept-Encoding": "identity"}
         reply = _Reply()
