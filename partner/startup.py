@@ -9,8 +9,7 @@ Every refusal comes before the first write. What is checked before writing — t
 the key ids of stored secrets — is read on SQLite through a read-only connection, which can neither
 write nor checkpoint the -wal into the file when it closes: a refused start leaves the database file
 and its -wal byte for byte as they were. Nothing here waits on a lock that an operator's `sqlite3`
-shell may hold, unless there are migrations to apply; reads go on
-beside a held write lock.
+shell may hold, unless there are migrations to apply; reads go on beside a held write lock.
 """
 
 import logging
