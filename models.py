@@ -1,7 +1,7 @@
 """The peewee models: mirrors of schema.sql (tests/test_models.py proves they agree), and nothing else."""
 
-from peewee import (SQL, BigIntegerField, BlobField, BooleanField, ForeignKeyField, IntegerField, Model,
-                    ModelIndex, TextField)
+from peewee import (SQL, BigIntegerField, BlobField, BooleanField, CompositeKey, ForeignKeyField, IntegerField,
+                    Model, ModelIndex, TextField)
 
 from partner import sealing
 from partner.store.connection import db
@@ -60,6 +60,7 @@ class Subscription(BaseModel):
     concurrency_ceiling = IntegerField(null=True)
     concurrency_pin = IntegerField(null=True)
     paused_until = BigIntegerField(null=True, index=True)
+    events = TextField(null=True)  # the partner's filter, JSON (partner/event_types.py); null: every type
 
     class Meta:
         indexes = ((("organization", "created_at", "id"), False),)
@@ -76,16 +77,17 @@ class Subscription(BaseModel):
 
 class Event(BaseModel):
     id = TextField(primary_key=True)
-    subscription = ForeignKeyField(Subscription, column_name="subscription_id", on_delete="CASCADE")
     kind = TextField()
-    body = BytesField()
+    body = BytesField(null=True)  # the whole envelope of an event queued before release 1.4
     created_at = BigIntegerField(index=True)
+    occurred_at = BigIntegerField()
+    data = BytesField()  # compact JSON; each delivery's envelope wraps these bytes (partner/envelopes.py)
 
 
 class Delivery(BaseModel):
     PENDING, IN_FLIGHT, DELIVERED, DEAD = "pending", "in_flight", "delivered", "dead"
 
-    event = ForeignKeyField(Event, column_name="event_id", primary_key=True, on_delete="CASCADE")
+    event = ForeignKeyField(Event, column_name="event_id", index=False, on_delete="CASCADE")
     subscription = ForeignKeyField(Subscription, column_name="subscription_id", index=False,
                                    on_delete="CASCADE")
     state = TextField()
@@ -94,6 +96,9 @@ class Delivery(BaseModel):
     lease_token = TextField(null=True)
     seq = BigIntegerField(default=0, constraints=default("0"))
     unrecorded = IntegerField(default=0, constraints=default("0"))
+
+    class Meta:
+        primary_key = CompositeKey("event", "subscription")
 
 
 # Literal, not bound parameters: SQLite uses a partial index only for a query that repeats its
@@ -132,7 +137,7 @@ class Failure(BaseModel):
     # Denormalized from the event so the audit's keyset index covers the query.
     subscription = ForeignKeyField(Subscription, column_name="subscription_id", index=False,
                                    on_delete="CASCADE")
-    event = ForeignKeyField(Event, column_name="event_id", on_delete="CASCADE")
+    event = ForeignKeyField(Event, column_name="event_id", index=False, on_delete="CASCADE")
     attempt = IntegerField()
     http_status = IntegerField(null=True)
     error = TextField()
@@ -146,9 +151,40 @@ class Failure(BaseModel):
         indexes = ((("subscription", "attempted_at", "id"), False),)
 
 
+Failure.add_index(ModelIndex(Failure, (Failure.event, Failure.subscription), name="failure_event_id"))
+
+
 class Setting(BaseModel):
     name = TextField(primary_key=True)
     value = TextField()
 
 
-MODELS = (Organization, ApiKey, Subscription, Event, Delivery, Failure, Setting)
+class Publisher(BaseModel):
+    id = TextField(primary_key=True)
+    name = TextField(unique=True)
+    secret_hash = TextField()
+    created_at = BigIntegerField()
+    revoked_at = BigIntegerField(null=True)
+
+
+class EventType(BaseModel):
+    name = TextField(primary_key=True)
+    description = TextField(null=True)
+    schema = TextField(null=True)  # JSON Schema (draft 2020-12) of `data`, as text
+    created_at = BigIntegerField()
+    updated_at = BigIntegerField()
+    retired_at = BigIntegerField(null=True)
+
+
+class IdempotencyKey(BaseModel):
+    publisher_id = TextField()
+    key = TextField()
+    request_hash = TextField()
+    response = TextField(null=True)  # null while the first request with the key is being answered
+    created_at = BigIntegerField(index=True)
+
+    class Meta:
+        primary_key = CompositeKey("publisher_id", "key")
+
+
+MODELS = (Organization, ApiKey, Subscription, Event, Delivery, Failure, Setting, Publisher, EventType, IdempotencyKey)

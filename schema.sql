@@ -41,6 +41,7 @@ CREATE TABLE IF NOT EXISTS "subscription" (
     "concurrency_ceiling" INTEGER,
     "concurrency_pin" INTEGER,
     "paused_until" BIGINT,
+    "events" TEXT,
     FOREIGN KEY ("organization_id") REFERENCES "organization" ("id")
 );
 -- `deleted_at` is set when the partner deletes it: from then on it is hidden from every query and
@@ -49,33 +50,37 @@ CREATE TABLE IF NOT EXISTS "subscription" (
 -- receiver shows, `concurrency_ceiling` is the limit at which the receiver last pushed back (null:
 -- never), `concurrency_pin` the operator's fixed limit (null: adaptive), and `paused_until` the end
 -- of a hold the receiver asked for with Retry-After.
+-- `events` is the partner's filter (release 1.4): a JSON list of event types and `family.*` wildcards,
+-- or null for every type (partner/event_types.py).
 -- Keyset pagination of an organization's subscriptions, oldest first.
 CREATE INDEX IF NOT EXISTS "subscription_organization_id_created_at_id"
     ON "subscription" ("organization_id", "created_at", "id");
 -- When the next hold ends: the scanner wakes then (claims.next_due_at).
 CREATE INDEX IF NOT EXISTS "subscription_paused_until" ON "subscription" ("paused_until");
 
--- One envelope for one subscription, serialized once: every attempt sends these bytes.
--- BYTEA is PostgreSQL's binary type; SQLite accepts the name and stores the bytes as a BLOB.
+-- One event, stored once however many subscriptions it goes to (release 1.4). `data` is its payload as
+-- compact JSON bytes; each delivery's body is SPEC's envelope around those bytes with the delivery's
+-- subscription_id, built the same way at every attempt (partner/envelopes.py), so every attempt of a
+-- delivery sends the same bytes. `body` holds the whole envelope of an event queued before release 1.4,
+-- sent as it was (null since). BYTEA is PostgreSQL's binary type; SQLite stores the bytes as a BLOB.
 CREATE TABLE IF NOT EXISTS "event" (
     "id" TEXT NOT NULL PRIMARY KEY,
-    "subscription_id" TEXT NOT NULL,
     "kind" TEXT NOT NULL,
-    "body" BYTEA NOT NULL,
+    "body" BYTEA,
     "created_at" BIGINT NOT NULL,
-    FOREIGN KEY ("subscription_id") REFERENCES "subscription" ("id") ON DELETE CASCADE
+    "occurred_at" BIGINT NOT NULL,
+    "data" BYTEA NOT NULL
 );
-CREATE INDEX IF NOT EXISTS "event_subscription_id" ON "event" ("subscription_id");
 -- Retention walks finished events oldest first (retention.py).
 CREATE INDEX IF NOT EXISTS "event_created_at" ON "event" ("created_at");
 
--- The delivery state of one event. `due_at` is when it is next claimable: the next attempt
+-- One event's delivery to one subscription: a delivery is (event_id, subscription_id), and what
+-- happens to one never touches another's. `due_at` is when it is next claimable: the next attempt
 -- time while pending, the lease expiry while in flight, null once delivered or dead.
--- `subscription_id` repeats the event's, so that claims can skip busy subscriptions.
 -- `seq` is the enqueue order among the subscription's open deliveries (claims.py), and
 -- `unrecorded` counts attempts claimed again after their lease expired without an outcome.
 CREATE TABLE IF NOT EXISTS "delivery" (
-    "event_id" TEXT NOT NULL PRIMARY KEY,
+    "event_id" TEXT NOT NULL,
     "subscription_id" TEXT NOT NULL,
     "state" TEXT NOT NULL,
     "attempts" INTEGER NOT NULL DEFAULT 0,
@@ -83,6 +88,7 @@ CREATE TABLE IF NOT EXISTS "delivery" (
     "lease_token" TEXT,
     "seq" BIGINT NOT NULL DEFAULT 0,
     "unrecorded" INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY ("event_id", "subscription_id"),
     FOREIGN KEY ("event_id") REFERENCES "event" ("id") ON DELETE CASCADE,
     FOREIGN KEY ("subscription_id") REFERENCES "subscription" ("id") ON DELETE CASCADE
 );
@@ -119,10 +125,44 @@ CREATE TABLE IF NOT EXISTS "failure" (
 -- Keyset pagination of the failures audit, newest first.
 CREATE INDEX IF NOT EXISTS "failure_subscription_id_attempted_at_id"
     ON "failure" ("subscription_id", "attempted_at", "id");
-CREATE INDEX IF NOT EXISTS "failure_event_id" ON "failure" ("event_id");
+CREATE INDEX IF NOT EXISTS "failure_event_id" ON "failure" ("event_id", "subscription_id");
 
 -- Service-wide values generated once, e.g. the key that signs pagination cursors.
 CREATE TABLE IF NOT EXISTS "setting" (
     "name" TEXT NOT NULL PRIMARY KEY,
     "value" TEXT NOT NULL
 );
+
+-- Release 1.4: the platform's services that publish events (partner/publishers.py). The secret of
+-- `vcp_<id>.<secret>` is stored only as its SHA-256, like an API key's.
+CREATE TABLE IF NOT EXISTS "publisher" (
+    "id" TEXT NOT NULL PRIMARY KEY,
+    "name" TEXT NOT NULL,
+    "secret_hash" TEXT NOT NULL,
+    "created_at" BIGINT NOT NULL,
+    "revoked_at" BIGINT
+);
+CREATE UNIQUE INDEX IF NOT EXISTS "publisher_name" ON "publisher" ("name");
+
+-- The event types that may be published, registered by the operator; `schema` is a JSON Schema
+-- (draft 2020-12) of `data`, as text, or null for any object.
+CREATE TABLE IF NOT EXISTS "event_type" (
+    "name" TEXT NOT NULL PRIMARY KEY,
+    "description" TEXT,
+    "schema" TEXT,
+    "created_at" BIGINT NOT NULL,
+    "updated_at" BIGINT NOT NULL,
+    "retired_at" BIGINT
+);
+
+-- A publisher's Idempotency-Key, remembered 24 hours: the request's canonical hash and the answer
+-- given (null while the first request with it is being answered).
+CREATE TABLE IF NOT EXISTS "idempotency_key" (
+    "publisher_id" TEXT NOT NULL,
+    "key" TEXT NOT NULL,
+    "request_hash" TEXT NOT NULL,
+    "response" TEXT,
+    "created_at" BIGINT NOT NULL,
+    PRIMARY KEY ("publisher_id", "key")
+);
+CREATE INDEX IF NOT EXISTS "idempotency_key_created_at" ON "idempotency_key" ("created_at");

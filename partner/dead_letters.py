@@ -18,9 +18,10 @@ from partner.telemetry import metrics
 log = logging.getLogger("delivery")
 
 # A swept pending delivery will not be attempted again: its last failure record says so.
-_NO_NEXT_ATTEMPT = ("UPDATE failure SET next_attempt_at = NULL WHERE next_attempt_at IS NOT NULL AND event_id IN "
-                    "(SELECT event_id FROM delivery WHERE subscription_id = {p} AND state = {p}) "
-                    "AND attempted_at = (SELECT MAX(f.attempted_at) FROM failure AS f WHERE f.event_id = failure.event_id)")
+_NO_NEXT_ATTEMPT = ("UPDATE failure SET next_attempt_at = NULL WHERE next_attempt_at IS NOT NULL AND subscription_id = {p} "
+                    "AND event_id IN (SELECT event_id FROM delivery WHERE subscription_id = {p} AND state = {p}) "
+                    "AND attempted_at = (SELECT MAX(f.attempted_at) FROM failure AS f WHERE f.event_id = failure.event_id "
+                    "AND f.subscription_id = failure.subscription_id)")
 _SWEEP = ("UPDATE delivery SET state = {p}, due_at = NULL WHERE subscription_id = {p} AND {open} "
           "AND event_id <> {p} RETURNING event_id, attempts")
 
@@ -49,7 +50,7 @@ def after_failure(claim, error: str, auto_disable: bool, active: bool, now_ms: i
     dead-lettered), or this delivery alone, or nothing new when a disable dead-lettered it while its
     attempt was under way. `active`: the subscription's state before this failure. The caller
     finishes the failing delivery. Call inside a write transaction."""
-    if not active and _is_dead(claim.event_id):
+    if not active and _is_dead(claim.event_id, claim.subscription_id):
         return []
     organization = _organization_of(claim.subscription_id)
     if auto_disable:
@@ -73,12 +74,13 @@ def _dead_letter_open(subscription_id: str, except_event_id: str = "") -> list[d
     """Dead-letter the subscription's open deliveries (but one); each one's event_id and attempts.
     In-flight ones keep their lease token, so an attempt still running records its outcome, while
     one whose process died is never claimed again."""
-    run_sql(_NO_NEXT_ATTEMPT, (subscription_id, Delivery.PENDING))
+    run_sql(_NO_NEXT_ATTEMPT, (subscription_id, subscription_id, Delivery.PENDING))
     return select_rows(_SWEEP, (Delivery.DEAD, subscription_id, except_event_id), **SQL_CONDITIONS)
 
 
-def _is_dead(event_id: str) -> bool:
-    return Delivery.select().where((Delivery.event == event_id) & (Delivery.state == Delivery.DEAD)).exists()
+def _is_dead(event_id: str, subscription_id: str) -> bool:
+    return Delivery.select().where((Delivery.event == event_id) & (Delivery.subscription == subscription_id)
+                                   & (Delivery.state == Delivery.DEAD)).exists()
 
 
 def _organization_of(subscription_id: str) -> str:

@@ -2,16 +2,15 @@
 does to the outbox (partner/outbox.py claims, partner/outcomes.py records)."""
 
 import hmac
-import json
 import uuid
 
 from peewee import Tuple
 
 from models import SQL_CONDITIONS, Delivery, Event, Failure, Subscription
 from partner.store.sql import page_of, run_sql, write_transaction
+from partner.envelopes import compact
 from partner.errors import ApiError
 from partner.subscriptions import find_subscription
-from partner.timestamps import iso
 
 TEST_PING = "vc.test.ping"
 
@@ -45,13 +44,8 @@ def enqueue_test_ping(subscription: Subscription, key_id: str, now_ms: int) -> E
     data = {"message": "This is a test ping from the Partner Integration Service.",
             "triggered_by_key_id": key_id}
     event_id = f"evt_{uuid.uuid4()}"
-    envelope = {"event": TEST_PING, "id": event_id, "subscription_id": subscription.id,
-                "occurred_at": iso(now_ms), "data": data}
-    # Serialized once: every attempt sends these bytes.
-    body = json.dumps(envelope, separators=(",", ":"), ensure_ascii=False).encode()
     with write_transaction():
-        event = Event.create(id=event_id, subscription=subscription, kind=TEST_PING, body=body,
-                             created_at=now_ms)
+        event = Event.create(id=event_id, kind=TEST_PING, created_at=now_ms, occurred_at=now_ms, data=compact(data))
         run_sql(_ENQUEUE, (event_id, subscription.id, Delivery.PENDING, now_ms, subscription.id), **SQL_CONDITIONS)
     return event
 

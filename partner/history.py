@@ -39,11 +39,11 @@ def list_deliveries(subscription_id: str | None = None, organization: str | None
     if organization is not None and not Organization.select().where(Organization.slug == organization).exists():
         raise OperatorError(f"No organization {organization!r}.")
     last_attempt_end = (Failure.select(fn.MAX(Failure.attempted_at + Failure.duration_ms))
-                        .where(Failure.event == Delivery.event))
+                        .where((Failure.event == Delivery.event) & (Failure.subscription == Delivery.subscription)))
     query = (Delivery.select(Delivery.event, Delivery.subscription, Organization.slug, Event.kind, Delivery.state,
                              Delivery.attempts, Event.created_at, Delivery.due_at, last_attempt_end.alias("finished_at"))
              .join(Event).switch(Delivery).join(Subscription).join(Organization).where(LIVE)
-             .order_by(Event.created_at.desc(), Event.id.desc()).limit(limit))
+             .order_by(Event.created_at.desc(), Event.id.desc(), Delivery.subscription).limit(limit))
     for wanted, condition in ((subscription_id, Delivery.subscription == subscription_id),
                               (organization, Organization.slug == organization), (state, Delivery.state == state),
                               (since_ms, Event.created_at >= since_ms)):
@@ -68,7 +68,7 @@ class Attempt:
 
 @dataclass(frozen=True)
 class DeliveryStory:
-    """One event's delivery as `flask deliveries show` tells it."""
+    """One event's delivery to one subscription as `flask deliveries show` tells it."""
     event_id: str
     kind: str
     created_at: int
@@ -83,21 +83,30 @@ class DeliveryStory:
         return self.state in (Delivery.DELIVERED, Delivery.DEAD)
 
 
-def delivery_story(event_id: str, now_ms: int, policy: RetryPolicy, subscription_id: str | None = None) -> DeliveryStory:
-    """The event, its subscription, every attempt in order and why it ended (or when it is next due),
-    judged by `policy` (the configured retry schedule and threshold). Refused, naming the event, if unknown (or not of
-    `subscription_id`). The failure records hold the failed attempts; a success is not recorded as a
-    row of its own: it is the delivery's last attempt, shown without a time."""
+def delivery_stories(event_id: str, now_ms: int, policy: RetryPolicy,
+                     subscription_id: str | None = None) -> list[DeliveryStory]:
+    """The event's delivery to each of its subscriptions (or to `subscription_id` alone), oldest
+    subscription first: every attempt in order and why it ended (or when it is next due), judged by
+    `policy` (the configured retry schedule and threshold). Refused, naming the event, if unknown (or
+    not of `subscription_id`). The failure records hold the failed attempts; a success is not recorded
+    as a row of its own: it is the delivery's last attempt, shown without a time."""
     query = (Delivery.select(Delivery, Event, Subscription, Organization).join(Event).switch(Delivery)
-             .join(Subscription).join(Organization).where(Delivery.event == event_id))
+             .join(Subscription).join(Organization).where(Delivery.event == event_id)
+             .order_by(Subscription.created_at, Subscription.id))
     if subscription_id is not None:
         query = query.where(Delivery.subscription == subscription_id)
     # An id with a control character was never issued, and PostgreSQL refuses NUL in a query.
-    delivery = None if safe_text.has_controls(event_id) else query.first()
-    if delivery is None:
+    deliveries = [] if safe_text.has_controls(event_id) else list(query)
+    if not deliveries:
         of = f" of subscription {subscription_id}" if subscription_id is not None else ""
         raise OperatorError(f"No event {event_id!r}{of}.")
-    failures = list(Failure.select().where(Failure.event == event_id).order_by(Failure.attempted_at, Failure.id))
+    return [_story(delivery, now_ms, policy) for delivery in deliveries]
+
+
+def _story(delivery: Delivery, now_ms: int, policy: RetryPolicy) -> DeliveryStory:
+    event_id = delivery.event.id
+    failures = list(Failure.select().where((Failure.event == event_id) & (Failure.subscription == delivery.subscription))
+                    .order_by(Failure.attempted_at, Failure.id))
     attempts = [Attempt(f.attempt, f.attempted_at, "failed", f.http_status, f.error, f.error_detail, f.duration_ms,
                         f.response_excerpt) for f in failures]
     if delivery.state == Delivery.DELIVERED:
@@ -139,15 +148,13 @@ def replay_dead_letters(subscription_id: str, now_ms: int, since_ms: int | None 
         if not subscription.active:
             raise OperatorError(f"Subscription {subscription_id} is disabled: enable it first "
                                 f"(flask webhooks enable {subscription_id}).")
-        events = Event.select(Event.id).where(Event.subscription == subscription_id)
+        replayed = (Delivery.update(state=Delivery.PENDING, attempts=0, unrecorded=0, due_at=now_ms, lease_token=None)
+                    .where((Delivery.subscription == subscription_id) & (Delivery.state == Delivery.DEAD)))
         if since_ms is not None:
-            events = events.where(Event.created_at >= since_ms)
+            replayed = replayed.where(Delivery.event.in_(Event.select(Event.id).where(Event.created_at >= since_ms)))
         if event_id is not None:
-            events = events.where(Event.id == event_id)
-        return (Delivery.update(state=Delivery.PENDING, attempts=0, unrecorded=0, due_at=now_ms, lease_token=None)
-                .where((Delivery.subscription == subscription_id) & (Delivery.state == Delivery.DEAD)
-                       & Delivery.event.in_(events))
-                .execute())
+            replayed = replayed.where(Delivery.event == event_id)
+        return replayed.execute()
 
 
 def _find(subscription_id: str, lock: bool = False) -> Subscription:

@@ -42,6 +42,7 @@ from models import LIVE_SUBSCRIPTION, SQL_CONDITIONS, Delivery, allowance
 from partner import dead_letters
 from partner.claims import Pick, pick_due
 from partner.config import DEFAULTS
+from partner.envelopes import envelope
 from partner.outbound.transport import AttemptResult
 from partner.outcomes import record_failure
 from partner.retry import RetryPolicy
@@ -66,10 +67,12 @@ log = logging.getLogger(__name__)
 # write transaction, so no other claim can take the same room meanwhile (on SQLite, the one writer;
 # on PostgreSQL, claims of one subscription take turns: _TAKE_TURN).
 _TAKE = ('UPDATE delivery SET state = {p}, due_at = {p}, lease_token = {p}, '
-         'unrecorded = unrecorded + CASE WHEN {in_flight} THEN 1 ELSE 0 END WHERE event_id IN '
-         '(SELECT event_id FROM (SELECT event_id, subscription_id, ROW_NUMBER() OVER '
+         'unrecorded = unrecorded + CASE WHEN {in_flight} THEN 1 ELSE 0 END WHERE event_id IN ({ids}) '
+         'AND (event_id, subscription_id) IN '
+         '(SELECT event_id, subscription_id FROM (SELECT event_id, subscription_id, ROW_NUMBER() OVER '
          '(PARTITION BY subscription_id ORDER BY due_at, seq, event_id) AS nth FROM '
-         '(SELECT event_id, subscription_id, due_at, seq FROM delivery WHERE event_id IN ({ids}) AND {open} '
+         '(SELECT event_id, subscription_id, due_at, seq FROM delivery WHERE event_id IN ({ids}) '
+         'AND (event_id, subscription_id) IN (VALUES {pairs}) AND {open} '
          'AND due_at <= {p} AND {live}{lock}) AS takeable) AS ranked WHERE nth <= '
          '(SELECT ' + allowance("s") + ' FROM subscription AS s WHERE s.id = ranked.subscription_id) - '
          '(SELECT COUNT(*) FROM delivery AS f WHERE f.subscription_id = ranked.subscription_id '
@@ -84,13 +87,14 @@ CLAIM_LOCK_CLASS = 0x70617274  # any constant
 # Holds the subscription until the claim commits, or passes over one another transaction writes (a delete
 # under way): the take's half of the module docstring's rule.
 _HELD_LIVE = f"EXISTS ({LIVE_SUBSCRIPTION} FOR SHARE SKIP LOCKED)"
-_CLAIMED = ('SELECT e.id AS event_id, e.kind, e.body, d.attempts, d.unrecorded, s.id AS subscription_id, '
+_CLAIMED = ('SELECT e.id AS event_id, e.kind, e.body, e.occurred_at, e.data, d.attempts, d.unrecorded, '
+            's.id AS subscription_id, '
             's.organization_id, s.url, s.secret_key_id, s.secret_sealed, s.consecutive_failures, s.active, '
             's.concurrency_pin IS NULL AND s.concurrency_limit < {p} AS may_widen '
             'FROM delivery AS d JOIN event AS e ON e.id = d.event_id '
             'JOIN subscription AS s ON s.id = d.subscription_id WHERE d.event_id IN ({ids}) AND d.lease_token = {p}')
 _RELEASE = ('UPDATE delivery SET state = {p}, due_at = {p}, lease_token = NULL '
-            'WHERE lease_token = {p} AND event_id = {p} AND {in_flight}')
+            'WHERE lease_token = {p} AND event_id = {p} AND subscription_id = {p} AND {in_flight}')
 # A delivery given back unattempted, due later (_put_off): its subscription's pending deliveries wait with
 # it, so that none overtakes it, and, when this process cannot open the subscription's secret, so that
 # each scan does not take (and log) the next.
@@ -112,6 +116,11 @@ class Claim:
     may_widen: bool = False  # this claim filled its subscription's adaptive limit, below the most (_filled)
     # When the lease began, on time.monotonic: the outcome must be written before it ends.
     claimed_at: float = field(default_factory=time.monotonic)
+
+    @property
+    def delivery(self) -> tuple[str, str]:
+        """The delivery's key: (event id, subscription id)."""
+        return self.event_id, self.subscription_id
 
 
 # Attempts whose outcome could not be written (their lease expired first) before the delivery is
@@ -149,19 +158,22 @@ def claim_due(now_ms: int, limit: int, lease_ms: int, failing_limit: int | None 
         if not ours:
             return []
         ids = [pick.event_id for pick in ours]
-        taken = run_sql(_TAKE, (Delivery.IN_FLIGHT, now_ms + lease_ms, token, *ids, now_ms, now_ms, most, most, now_ms),
-                        ids=len(ids), **{**SQL_CONDITIONS, **locks}).rowcount
+        pairs = [value for pick in ours for value in (pick.event_id, pick.subscription_id)]
+        taken = run_sql(_TAKE, (Delivery.IN_FLIGHT, now_ms + lease_ms, token, *ids, *ids, *pairs, now_ms, now_ms, most,
+                                most, now_ms),
+                        ids=len(ids), pairs=value_rows(len(ours), 2), **{**SQL_CONDITIONS, **locks}).rowcount
         if not taken:
             return []
-        rows = {row["event_id"]: row for row in select_rows(_CLAIMED, (most, *ids, token), ids=len(ids))}
+        rows = {(row["event_id"], row["subscription_id"]): row
+                for row in select_rows(_CLAIMED, (most, *ids, token), ids=len(ids))}
         _filled(ours, rows)
-        claims = _attemptable([rows[event_id] for event_id in ids if event_id in rows], token,
-                              now_ms, lease_ms, RetryPolicy([], auto_disable_threshold), made)
+        claims = _attemptable([rows[key] for pick in ours if (key := (pick.event_id, pick.subscription_id)) in rows],
+                              token, now_ms, lease_ms, RetryPolicy([], auto_disable_threshold), made)
     dead_letters.report(made)
     return claims
 
 
-def _filled(picked: list[Pick], rows: dict[str, dict]) -> None:
+def _filled(picked: list[Pick], rows: dict[tuple[str, str], dict]) -> None:
     """Whether each claim may widen its subscription's limit when it succeeds: only if this claim
     filled the subscription's room, so it is held at its limit. One the fair share or the free
     slots kept below it is not, and its outcome need not look (concurrency.widen)."""
@@ -191,13 +203,13 @@ def _attemptable(rows: list[dict], token: str, now_ms: int, lease_ms: int, polic
     claims = []
     for row in rows:
         if not row["active"]:
-            _release(token, row["event_id"], Delivery.DEAD, None)
+            _release(token, row["event_id"], row["subscription_id"], Delivery.DEAD, None)
             made += dead_letters.of_disabled(row["subscription_id"], [row])
             continue
         try:
             claim = _claim_of(row, token)
         except SealingError as error:
-            log.error("delivery of %s not attempted: %s", row["event_id"], error)
+            log.error("delivery of %s to %s not attempted: %s", row["event_id"], row["subscription_id"], error)
             _put_off(token, row["event_id"], row["subscription_id"], now_ms + lease_ms)
             continue
         if row["unrecorded"] >= MAX_UNRECORDED:
@@ -210,7 +222,9 @@ def _attemptable(rows: list[dict], token: str, now_ms: int, lease_ms: int, polic
 def _claim_of(row: dict, token: str) -> Claim:
     """A claim from its delivery, event and subscription row. The attempt number is written only
     when an outcome is recorded: an attempt cut short is made again under the same number."""
-    return Claim(row["event_id"], row["kind"], bytes(row["body"]), row["attempts"] + 1, token,
+    body = (bytes(row["body"]) if row["body"] is not None else
+            envelope(row["kind"], row["event_id"], row["subscription_id"], row["occurred_at"], bytes(row["data"])))
+    return Claim(row["event_id"], row["kind"], body, row["attempts"] + 1, token,
                  row["subscription_id"], row["organization_id"], row["url"],
                  open_secret(row["subscription_id"], row["secret_key_id"], row["secret_sealed"]),
                  row["consecutive_failures"] > 0, bool(row["may_widen"]))
@@ -220,7 +234,8 @@ def release(claims: list[Claim], now_ms: int) -> int:
     """Give back claims that will not be attempted (the process is stopping): pending and due now,
     the attempt not counted, so another process (or this one restarted) takes them at once."""
     with write_transaction(durable=False):
-        return sum(_release(claim.lease_token, claim.event_id, Delivery.PENDING, now_ms) for claim in claims)
+        return sum(_release(claim.lease_token, claim.event_id, claim.subscription_id, Delivery.PENDING, now_ms)
+                   for claim in claims)
 
 
 def put_off(claim: Claim, due_ms: int) -> bool:
@@ -232,12 +247,12 @@ def put_off(claim: Claim, due_ms: int) -> bool:
 
 
 def _put_off(lease_token: str, event_id: str, subscription_id: str, due_ms: int) -> bool:
-    released = _release(lease_token, event_id, Delivery.PENDING, due_ms)
+    released = _release(lease_token, event_id, subscription_id, Delivery.PENDING, due_ms)
     if released:
         run_sql(_POSTPONE, (due_ms, subscription_id, due_ms))
     return bool(released)
 
 
-def _release(lease_token: str, event_id: str, state: str, due_at: int | None) -> int:
+def _release(lease_token: str, event_id: str, subscription_id: str, state: str, due_at: int | None) -> int:
     """Give back a claimed delivery (pending, due again) or dead-letter it (dead, no due time)."""
-    return run_sql(_RELEASE, (state, due_at, lease_token, event_id), **SQL_CONDITIONS).rowcount
+    return run_sql(_RELEASE, (state, due_at, lease_token, event_id, subscription_id), **SQL_CONDITIONS).rowcount

@@ -21,21 +21,22 @@ if TYPE_CHECKING:  # the outbox records a claim it cannot attempt through record
 
 # Written once as SQL, like the outbox's statements, and for the same reason.
 _FINISH = ('UPDATE delivery SET state = {p}, attempts = {p}, due_at = {p}, lease_token = NULL '
-           'WHERE event_id = {p} AND lease_token = {p}')
+           'WHERE event_id = {p} AND subscription_id = {p} AND lease_token = {p}')
 # The attempt number is the one the claim read plus one, as outbox._claim_of counts it: the lease kept it.
 # `event_id IN` first: SQLite plans a row-value IN (VALUES ...) alone as a scan of the whole table.
 # Each subscription's failure streak is read by the same statement, not taken from the claim: a
 # failure recorded since the claim (another delivery's, whose lease had expired) is reset too.
 _FINISH_DELIVERED = ('UPDATE delivery SET state = {p}, attempts = attempts + 1, due_at = NULL, '
-                     'lease_token = NULL WHERE event_id IN ({ids}) AND (event_id, lease_token) IN (VALUES {pairs}) '
+                     'lease_token = NULL WHERE event_id IN ({ids}) '
+                     'AND (event_id, subscription_id, lease_token) IN (VALUES {leases}) '
                      'RETURNING event_id, subscription_id, (SELECT consecutive_failures FROM subscription '
                      'WHERE subscription.id = delivery.subscription_id) AS streak')
 # Recording's half on PostgreSQL: the deliveries whose lease is still ours and whose subscription is not
 # deleted, each locked and then its subscription. FOR NO KEY UPDATE, the lock the writes that follow
 # take: two recordings of one subscription (a late outcome and the next delivery's) holding FOR SHARE
 # would each wait for the other to let it write.
-_HOLD = ('SELECT d.event_id FROM delivery AS d JOIN subscription AS s ON s.id = d.subscription_id '
-         'WHERE d.event_id IN ({ids}) AND (d.event_id, d.lease_token) IN (VALUES {pairs}) '
+_HOLD = ('SELECT d.event_id, d.subscription_id FROM delivery AS d JOIN subscription AS s ON s.id = d.subscription_id '
+         'WHERE d.event_id IN ({ids}) AND (d.event_id, d.subscription_id, d.lease_token) IN (VALUES {leases}) '
          'AND s.deleted_at IS NULL FOR UPDATE OF d FOR NO KEY UPDATE OF s')
 _RESET_STREAKS = ('UPDATE subscription SET consecutive_failures = 0 '
                   'WHERE id IN ({ids}) AND consecutive_failures <> 0')
@@ -81,10 +82,10 @@ def write_outcomes(outcomes: list[Outcome], policy: RetryPolicy,
     made: list = []  # dead letters, reported once committed
     with write_transaction(durable=False):
         held = _held(outcomes)
-        successes = [o for o in outcomes if o.result.ok and o.claim.event_id in held]
+        successes = [o for o in outcomes if o.result.ok and o.claim.delivery in held]
         _widen(successes, most)
         delivered = iter(_write_successes(successes))
-        recorded = [NOT_RECORDED if outcome.claim.event_id not in held
+        recorded = [NOT_RECORDED if outcome.claim.delivery not in held
                     else Recorded(next(delivered)) if outcome.result.ok
                     else record_failure(outcome.claim, outcome.result, outcome.attempted_at, outcome.finished_at,
                                          policy, outcome.jitter, made)
@@ -93,23 +94,24 @@ def write_outcomes(outcomes: list[Outcome], policy: RetryPolicy,
     return recorded
 
 
-def _held(outcomes: list[Outcome]) -> set[str]:
-    """The event ids of the outcomes to record, kept so until the caller's transaction ends. On SQLite,
+def _held(outcomes: list[Outcome]) -> set[tuple[str, str]]:
+    """The deliveries (Claim.delivery) of the outcomes to record, kept so until the caller's transaction ends. On SQLite,
     whose write transaction excludes every claim and delete: each success (its write checks its lease)
     and each failure whose lease is still ours. On PostgreSQL: those whose lease is still ours and
     whose subscription is not deleted, held (_HOLD)."""
     if is_sqlite():
-        return {outcome.claim.event_id for outcome in outcomes if outcome.result.ok or _holds_lease(outcome.claim)}
+        return {outcome.claim.delivery for outcome in outcomes if outcome.result.ok or _holds_lease(outcome.claim)}
     if not outcomes:
         return set()
-    return {row["event_id"] for row in _by_lease(_HOLD, [outcome.claim for outcome in outcomes])}
+    return {(row["event_id"], row["subscription_id"]) for row in _by_lease(_HOLD, [outcome.claim for outcome in outcomes])}
 
 
 def _by_lease(template: str, claims: list[Claim], *params) -> list[dict]:
-    """select_rows of a statement naming `claims` by event id ({ids}) and by lease ({pairs}), after `params`."""
-    pairs = [value for claim in claims for value in (claim.event_id, claim.lease_token)]
-    return select_rows(template, (*params, *[claim.event_id for claim in claims], *pairs), ids=len(claims),
-                       pairs=value_rows(len(claims), 2))
+    """select_rows of a statement naming `claims` by event id ({ids}) and by delivery and lease ({leases}),
+    after `params`."""
+    leases = [value for claim in claims for value in (*claim.delivery, claim.lease_token)]
+    return select_rows(template, (*params, *[claim.event_id for claim in claims], *leases), ids=len(claims),
+                       leases=value_rows(len(claims), 3))
 
 
 def _widen(successes: list[Outcome], most: int) -> None:
@@ -132,8 +134,8 @@ def _write_successes(outcomes: list[Outcome]) -> list[bool]:
     streaks = {row["subscription_id"] for row in finished if row["streak"]}
     if streaks:
         run_sql(_RESET_STREAKS, streaks, ids=len(streaks))
-    delivered = {row["event_id"] for row in finished}
-    return [claim.event_id in delivered for claim in claims]
+    delivered = {(row["event_id"], row["subscription_id"]) for row in finished}
+    return [claim.delivery in delivered for claim in claims]
 
 
 def record_failure(claim: Claim, result: AttemptResult, attempted_at: int, finished_at: int,
@@ -148,7 +150,7 @@ def record_failure(claim: Claim, result: AttemptResult, attempted_at: int, finis
     if next_at is None:
         made += dead_letters.after_failure(claim, result.error, decision.auto_disable, active, finished_at,
                                            policy.auto_disable_threshold)
-    run_sql(_FINISH, (Delivery.PENDING if next_at else Delivery.DEAD, claim.attempt, next_at, claim.event_id,
+    run_sql(_FINISH, (Delivery.PENDING if next_at else Delivery.DEAD, claim.attempt, next_at, *claim.delivery,
                       claim.lease_token))
     Failure.create(id=new_id("fail"), subscription=claim.subscription_id, event=claim.event_id,
                    attempt=claim.attempt, http_status=result.http_status, error=result.error,
@@ -160,4 +162,5 @@ def record_failure(claim: Claim, result: AttemptResult, attempted_at: int, finis
 def _holds_lease(claim: Claim) -> bool:
     """Whether the claim's lease is still ours (on SQLite, whose write transaction keeps it so)."""
     return (Delivery.select(Delivery.event)
-            .where((Delivery.event == claim.event_id) & (Delivery.lease_token == claim.lease_token)).exists())
+            .where((Delivery.event == claim.event_id) & (Delivery.subscription == claim.subscription_id)
+                   & (Delivery.lease_token == claim.lease_token)).exists())

@@ -16,7 +16,7 @@ from datetime import datetime, timedelta, timezone
 
 from models import Setting, db
 from partner.store.availability import is_unavailable
-from partner.store.sql import is_sqlite, run_sql, write_transaction
+from partner.store.sql import is_sqlite, run_sql, value_rows, write_transaction
 from partner.timestamps import iso, now_ms
 
 log = logging.getLogger(__name__)
@@ -27,20 +27,24 @@ PAUSE_SECONDS = 0.005  # between batches: writers queued behind one get in befor
 CHECK_EVERY_HOURS = 1  # each process checks hourly; the lease makes it one run a day overall
 _LEASE = "retention_next_run_at"
 
-# The state list is literal and complete: only finished deliveries can ever be selected.
-_FINISHED = ("SELECT e.id FROM event AS e JOIN delivery AS d ON d.event_id = e.id "
+# The state list is literal and complete: only finished deliveries can ever be selected. A delivery
+# is (event, subscription): one event's deliveries to other subscriptions may still be open, and the
+# event stays until its last delivery goes (_ORPHANS).
+_FINISHED = ("SELECT d.event_id, d.subscription_id FROM event AS e JOIN delivery AS d ON d.event_id = e.id "
              "WHERE e.created_at < {p} AND d.state IN ('delivered', 'dead') "
              "ORDER BY e.created_at LIMIT {p}{lock}")
-_DELETE = {"failures": "DELETE FROM failure WHERE event_id IN ({ids})",
-           "deliveries": "DELETE FROM delivery WHERE event_id IN ({ids})",
-           "events": "DELETE FROM event WHERE id IN ({ids})"}
+_DELETE = {"failures": "DELETE FROM failure WHERE event_id IN ({ids}) AND (event_id, subscription_id) IN (VALUES {pairs})",
+           "deliveries": "DELETE FROM delivery WHERE event_id IN ({ids}) AND (event_id, subscription_id) IN (VALUES {pairs})"}
+# Of these events, those no delivery names any more.
+_ORPHANS = "DELETE FROM event WHERE id IN ({ids}) AND NOT EXISTS (SELECT 1 FROM delivery WHERE delivery.event_id = event.id)"
 _CLAIM = "UPDATE setting SET value = {p} WHERE name = {p} AND CAST(value AS BIGINT) <= {p}"
 # A deleted subscription's history, a batch at a time: deliveries first (they leave the due
-# backlog), then failures, then events (whose cascades then find nothing), then the row itself.
+# backlog), with the events they leave undelivered to anyone (_ORPHANS), then failures, then the row
+# itself. Another subscription's delivery of the same event is never touched.
 _DELETED = "SELECT id FROM subscription WHERE deleted_at IS NOT NULL LIMIT 1"
-_PURGE = ("DELETE FROM delivery WHERE event_id IN (SELECT event_id FROM delivery WHERE subscription_id = {p} LIMIT {p})",
-          "DELETE FROM failure WHERE id IN (SELECT id FROM failure WHERE subscription_id = {p} LIMIT {p})",
-          "DELETE FROM event WHERE id IN (SELECT id FROM event WHERE subscription_id = {p} LIMIT {p})")
+_PURGE_DELIVERIES = ("DELETE FROM delivery WHERE subscription_id = {p} AND event_id IN "
+                     "(SELECT event_id FROM delivery WHERE subscription_id = {p} LIMIT {p}) RETURNING event_id")
+_PURGE_FAILURES = "DELETE FROM failure WHERE id IN (SELECT id FROM failure WHERE subscription_id = {p} LIMIT {p})"
 _PURGE_ROW = "DELETE FROM subscription WHERE id = {p} AND deleted_at IS NOT NULL"
 PURGE_BATCH = 500  # rows of one table per write transaction: a few ms of SQLite's write lock
 PURGE_EVERY_SECONDS = 10
@@ -69,21 +73,31 @@ def prune(before_ms: int, batch: int = BATCH) -> Pruned:
     while True:
         removed = prune_batch(before_ms, batch)
         total.add(removed)
-        if removed.events < batch:
+        if removed.deliveries < batch:
             return total
         time.sleep(PAUSE_SECONDS)
 
 
 def prune_batch(before_ms: int, limit: int) -> Pruned:
-    """One batch in one write transaction: up to `limit` finished events and what hangs off them.
-    On PostgreSQL the rows are locked as they are picked (a replay racing it waits or is skipped)."""
+    """One batch in one write transaction: up to `limit` finished deliveries, their failure records,
+    and their events once no delivery is left. On PostgreSQL the rows are locked as they are picked (a
+    replay racing it waits or is skipped)."""
     lock = "" if is_sqlite() else " FOR UPDATE OF d SKIP LOCKED"
     with write_transaction(durable=False):
-        ids = [row[0] for row in run_sql(_FINISHED, (before_ms, limit), lock=lock).fetchall()]
-        if not ids:
+        deliveries = run_sql(_FINISHED, (before_ms, limit), lock=lock).fetchall()
+        if not deliveries:
             return Pruned()
-        counts = {name: run_sql(sql, ids, ids=len(ids)).rowcount for name, sql in _DELETE.items()}
+        ids = [event_id for event_id, _ in deliveries]
+        pairs = [value for delivery in deliveries for value in delivery]
+        counts = {name: run_sql(sql, (*ids, *pairs), ids=len(ids), pairs=value_rows(len(deliveries), 2)).rowcount
+                  for name, sql in _DELETE.items()}
+        counts["events"] = _delete_orphans(set(ids))
     return Pruned(**counts)
+
+
+def _delete_orphans(event_ids: set[str]) -> int:
+    """Delete those of the events that no delivery names any more; how many."""
+    return run_sql(_ORPHANS, list(event_ids), ids=len(event_ids)).rowcount if event_ids else 0
 
 
 def purge_deleted(batch: int = PURGE_BATCH) -> int:
@@ -93,12 +107,21 @@ def purge_deleted(batch: int = PURGE_BATCH) -> int:
     purged = 0
     while rows := run_sql(_DELETED, ()).fetchall():
         [subscription_id] = rows[0]
-        for statement in _PURGE:
-            while _write(statement, (subscription_id, batch)) == batch:
-                time.sleep(PAUSE_SECONDS)
+        while _purge_deliveries(subscription_id, batch) == batch:
+            time.sleep(PAUSE_SECONDS)
+        while _write(_PURGE_FAILURES, (subscription_id, batch)) == batch:
+            time.sleep(PAUSE_SECONDS)
         _write(_PURGE_ROW, (subscription_id,))
         purged += 1
     return purged
+
+
+def _purge_deliveries(subscription_id: str, batch: int) -> int:
+    """One batch of a deleted subscription's deliveries, and the events left undelivered to anyone."""
+    with write_transaction(durable=False):
+        purged = [event_id for (event_id,) in run_sql(_PURGE_DELIVERIES, (subscription_id, subscription_id, batch))]
+        _delete_orphans(set(purged))
+    return len(purged)
 
 
 def _write(statement: str, params) -> int:

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from app import create_app
-from models import Delivery, Event, Subscription, db
+from models import Delivery, Event, Failure, Subscription, db
 from partner import sealing
+from partner.envelopes import envelope
 from partner.outcomes import Outcome, Recorded, write_outcomes
 from partner.startup import start_service
 from partner.store import migrations
@@ -238,13 +239,30 @@ def sealed(subscription_id: str, secret: str) -> dict:
     return dict(zip(("secret_key_id", "secret_sealed"), sealing.seal(subscription_id, secret)))
 
 
+def history_of(subscription_id: str) -> list[int]:
+    """A subscription's events (those queued to it), deliveries and failure records, counted."""
+    return [Event.select().join(Delivery).where(Delivery.subscription == subscription_id).count(),
+            Delivery.select().where(Delivery.subscription == subscription_id).count(),
+            Failure.select().where(Failure.subscription == subscription_id).count()]
+
+
+def delivery_of(event_id: str) -> Delivery:
+    """The one delivery of an event queued to one subscription (a ping's)."""
+    return Delivery.get(Delivery.event == event_id)
+
+
+def body_of(event, subscription_id: str) -> bytes:
+    """The bytes every attempt of the event's delivery to the subscription sends."""
+    return envelope(event.kind, event.id, subscription_id, event.occurred_at, bytes(event.data))
+
+
 def queue_in_bulk(org_id, event_ids: list[str], due_at: int, now_ms: int) -> None:
     """For each event id a subscription `wh_<event id>` of `org_id` with that event queued, due at
     `due_at`: written in bulk, for tests that need thousands (through the API they take seconds)."""
     with db.atomic():
         Subscription.insert_many([{"id": f"wh_{i}", "organization": org_id, "url": "https://x.example/",
                                    **sealed(f"wh_{i}", "whsec_x"), "created_at": now_ms} for i in event_ids]).execute()
-        Event.insert_many([{"id": i, "subscription": f"wh_{i}", "kind": "vc.test.ping", "body": b"{}",
+        Event.insert_many([{"id": i, "kind": "vc.test.ping", "data": b"{}", "occurred_at": now_ms,
                             "created_at": now_ms} for i in event_ids]).execute()
         Delivery.insert_many([{"event": i, "subscription": f"wh_{i}", "state": Delivery.PENDING,
                                "due_at": due_at} for i in event_ids]).execute()

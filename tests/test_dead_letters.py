@@ -14,7 +14,7 @@ from partner.outbox import MAX_UNRECORDED, Claim, claim_due
 from partner.outbound.transport import AttemptResult
 from partner.retry import RetryPolicy
 from partner.subscriptions import create_subscription
-from tests.support import WEBHOOKS, json_of, record_attempt
+from tests.support import WEBHOOKS, delivery_of, json_of, record_attempt
 
 THRESHOLD = 3
 NOW = 1_800_000_000_000
@@ -44,7 +44,7 @@ def test_an_auto_disable_with_five_pending_deliveries_is_one_line_six_dead_lette
                     f"event={events[2]} dead_lettered=6 (the failing delivery and 5 open ones); "
                     f"`flask webhooks enable {subscription['id']}` re-enables it")
     with app.app_context():
-        assert [Delivery.get_by_id(event).state for event in events] == ["dead"] * 6
+        assert [delivery_of(event).state for event in events] == ["dead"] * 6
     assert dead_lettered() == before + 6
     records = failures(subscription)["data"]
     assert sorted(record["event_id"] for record in records) == sorted(events[:3])

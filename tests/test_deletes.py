@@ -11,7 +11,7 @@ from models import Delivery, Event, Failure, Subscription, db
 from partner.outbox import claim_due
 from partner.retention import purge_deleted
 from partner.subscriptions import subscriptions_overview
-from tests.support import SLACK_SECONDS, WEBHOOKS, assert_problem, bearer, eventually, json_of, ping_as
+from tests.support import SLACK_SECONDS, WEBHOOKS, assert_problem, bearer, eventually, history_of, json_of, ping_as
 
 LEASE = 40_000
 
@@ -38,20 +38,15 @@ def add_history(subscription_id: str, events: int, failures_each: int, now: int)
     p = db.param
     with db.atomic():
         cursor = db.cursor()
-        cursor.executemany(f"INSERT INTO event (id, subscription_id, kind, body, created_at) "
-                           f"VALUES ({p}, {p}, 'vc.test.ping', {p}, {p})",
-                           [(e, subscription_id, b"{}", now) for e in event_ids])
+        cursor.executemany(f"INSERT INTO event (id, kind, data, occurred_at, created_at) "
+                           f"VALUES ({p}, 'vc.test.ping', {p}, {p}, {p})",
+                           [(e, b"{}", now, now) for e in event_ids])
         cursor.executemany(f"INSERT INTO delivery (event_id, subscription_id, state) VALUES ({p}, {p}, 'dead')",
                            [(e, subscription_id) for e in event_ids])
         cursor.executemany(f"INSERT INTO failure (id, subscription_id, event_id, attempt, error, response_excerpt, "
                            f"duration_ms, attempted_at) VALUES ({p}, {p}, {p}, 1, 'timeout', '', 1, {p})",
                            [(f"fail_{e}_{a}", subscription_id, e, now)
                             for e in event_ids for a in range(failures_each)])
-
-
-def history(subscription_id: str) -> list[int]:
-    return [model.select().where(model.subscription == subscription_id).count()
-            for model in (Event, Delivery, Failure)]
 
 
 def test_a_deleted_subscription_is_gone_at_once_and_its_history_later(app, client, auth, subscribe_receiver, clock):
@@ -69,11 +64,11 @@ def test_a_deleted_subscription_is_gone_at_once_and_its_history_later(app, clien
     with app.app_context(), db.connection_context():
         assert [s.id for s in subscriptions_overview()] == [kept["id"]]
         assert {c.subscription_id for c in claim_due(int(clock() * 1000), 64, LEASE)} == {kept["id"]}
-        assert history(gone["id"]) == [11, 11, 30]
+        assert history_of(gone["id"]) == [11, 11, 30]
         assert purge_deleted(batch=7) == 1
-        assert history(gone["id"]) == [0, 0, 0]
+        assert history_of(gone["id"]) == [0, 0, 0]
         assert Subscription.get_or_none(Subscription.id == gone["id"]) is None
-        assert history(kept["id"]) == [1, 1, 0]
+        assert history_of(kept["id"]) == [1, 1, 0]
         assert purge_deleted() == 0
 
 
@@ -116,7 +111,7 @@ def test_deleting_a_long_history_blocks_no_other_organization(app, client, auth,
     assert max(seconds for _, seconds in answers) < SLACK_SECONDS
     assert len(set(left) - {30_000, 0}) >= 3  # seen between batches, not all at once
     with app.app_context(), db.connection_context():
-        assert history(doomed["id"]) == [0, 0, 0]
+        assert history_of(doomed["id"]) == [0, 0, 0]
 
 
 @pytest.mark.config(SCHEDULER_ENABLED=True)
@@ -129,6 +124,6 @@ def test_a_running_service_purges_a_deleted_subscription_at_once(app, client, au
         assert client.delete(f"{WEBHOOKS}/{gone['id']}", headers=auth).status_code == 204
         with app.app_context(), db.connection_context():
             assert eventually(lambda: Subscription.get_or_none(Subscription.id == gone["id"]) is None)
-            assert history(gone["id"]) == [0, 0, 0]
+            assert history_of(gone["id"]) == [0, 0, 0]
     finally:
         dispatcher.stop()

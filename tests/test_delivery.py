@@ -17,7 +17,8 @@ from models import Delivery, Failure, Subscription, db
 from tests.receivers import Receiver, drip, drip_bytes, hang, read_request
 from partner.timestamps import iso
 from partner.courier import LOOKUP_BUSY_RETRY_SECONDS
-from tests.support import SLACK_SECONDS, WEBHOOKS, bearer, counting_scans, eventually, field_codes, json_of, ping_as
+from tests.support import (SLACK_SECONDS, WEBHOOKS, bearer, counting_scans, delivery_of, eventually, field_codes,
+                           json_of, ping_as)
 
 DAY = 86400
 
@@ -586,7 +587,7 @@ def test_a_hostile_receiver_costs_one_recorded_attempt_and_frees_the_only_slot(
     assert not any(ord(ch) < 0x20 and ch not in "\t\n" for ch in stored)
     assert excerpt(stored) if callable(excerpt) else stored == excerpt
     with app.app_context(), db.connection_context():
-        delivery = Delivery.get_by_id(event_id)
+        delivery = delivery_of(event_id)
         [failure] = Failure.select().where(Failure.event == event_id)
     assert (delivery.state, delivery.attempts) == (Delivery.PENDING, 1)  # not in flight: scheduled
     assert delivery.due_at == failure.next_attempt_at and iso(delivery.due_at) == record["next_attempt_at"]

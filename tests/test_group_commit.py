@@ -13,7 +13,7 @@ from partner.outbox import claim_due
 from partner.outcomes import Outcome, write_outcomes
 from partner.outbound.transport import AttemptResult
 from partner.retry import RetryPolicy
-from tests.support import allow_in_sqlite, eventually, refuse_in_sqlite, run_together
+from tests.support import allow_in_sqlite, delivery_of, eventually, refuse_in_sqlite, run_together
 from tests.test_fair_claims import LEASE, NOW, claimed_ping, enqueue_ping, expired_and_next, subscriptions
 
 POLICY = RetryPolicy([60], 20)
@@ -169,7 +169,7 @@ def test_a_success_and_its_streak_reset_commit_together_or_not_at_all(database, 
     refuse_in_sqlite("UPDATE OF consecutive_failures ON subscription")
     with pytest.raises(IntegrityError):
         write_outcomes([Outcome(claim, DELIVERED, NOW, NOW + 3)], POLICY)
-    assert Delivery.get_by_id(claim.event_id).lease_token == claim.lease_token  # not delivered: written again
+    assert delivery_of(claim.event_id).lease_token == claim.lease_token  # not delivered: written again
     allow_in_sqlite()
     assert [r.recorded for r in write_outcomes([Outcome(claim, DELIVERED, NOW, NOW + 4)], POLICY)] == [True]
     assert Subscription.get_by_id(subscription.id).consecutive_failures == 0

@@ -10,7 +10,8 @@ ROOT_MODULES = ("signing", "models", "delivery", "app", "wsgi", "gunicorn.conf")
 
 # Low to high. A module belongs to the first layer naming it or a package above it.
 LAYERS = (
-    ("signing", "partner.timestamps", "partner.errors", "partner.safe_text", "partner.sealing", "partner.private_files"),
+    ("signing", "partner.timestamps", "partner.errors", "partner.safe_text", "partner.sealing", "partner.private_files",
+     "partner.envelopes"),
     ("partner.telemetry", "partner.outbound", "partner.config", "partner.validation"),
     ("partner.store", "models"),
     ("partner.keys", "partner.subscriptions", "partner.events", "partner.outbox", "partner.outcomes", "partner.claims", "partner.concurrency",

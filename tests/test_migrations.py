@@ -50,10 +50,19 @@ def build_release(database_url: str, release: str) -> None:
                 database.execute_sql(f'INSERT INTO "{table}" ({names}) VALUES ({marks})', list(row.values()))
 
 
+# Columns a later release moved: since 1.4 an event names no subscription (its deliveries do).
+MOVED = {"event": ("subscription_id",)}
+
+
+def released_rows(table: str) -> list[dict]:
+    """The fixture's rows of `table` as the latest schema holds them."""
+    return [{name: value for name, value in row.items() if name not in MOVED.get(table, ())} for row in ROWS[table]]
+
+
 def read_rows(database_url: str, table: str) -> list[dict]:
     """The table's rows as the fixtures spell them, a subscription's secret opened from its sealed form."""
     database = raw(database_url)
-    names = [name for name in ROWS[table][0] if name != "secret"]
+    names = [name for name in released_rows(table)[0] if name != "secret"]
     sealed = ["secret_key_id", "secret_sealed"] if table == "subscription" else []
     columns = ", ".join(f'"{name}"' for name in names + sealed)
     with database.connection_context():
@@ -91,8 +100,8 @@ def test_every_row_of_a_released_database_survives_the_upgrade(database_url, rel
     build_release(database_url, release)
     open_database(database_url)
     added = {"setting": [migrations.CURSOR_KEY]}  # what the upgrade adds: the key that seals cursors
-    for table, rows in ROWS.items():
-        found = read_rows(database_url, table)
+    for table in ROWS:
+        rows, found = released_rows(table), read_rows(database_url, table)
         assert [row.get("name", row) for row in found if row not in rows] == added.get(table, []), table
         assert [row for row in found if row in rows] == sorted(rows, key=lambda r: list(r.values())[0]), table
     assert_no_plaintext_secret(database_url)

@@ -19,7 +19,7 @@ from partner.outcomes import NOT_RECORDED, Recorded
 from partner.retry import RetryPolicy
 from partner.retention import purge_deleted
 from partner.subscriptions import create_subscription, delete_subscription
-from tests.support import query_plan, record_attempt, run_together
+from tests.support import body_of, delivery_of, history_of, query_plan, record_attempt, run_together
 from partner.outbound.transport import AttemptResult
 
 NOW = 1_800_000_000_123  # 2027-01-15T08:00:00.123Z, Unix ms
@@ -50,7 +50,7 @@ def reload(row):
 
 
 def delivery(event_id: str) -> Delivery:
-    return Delivery.get_by_id(event_id)
+    return delivery_of(event_id)
 
 
 def enqueue_ping(subscription, at: int = NOW) -> Event:
@@ -81,24 +81,18 @@ def fail_streak(subscription, failures: int) -> None:
     Subscription.update(consecutive_failures=failures).where(Subscription.id == subscription.id).execute()
 
 
-def count(model, subscription) -> int:
-    if model is Delivery:
-        return Delivery.select().join(Event).where(Event.subscription == subscription).count()
-    return model.select().where(model.subscription == subscription).count()
-
-
 # --- enqueue ----------------------------------------------------------------------------------
 
 def test_a_ping_is_one_event_and_one_pending_delivery_due_now(subscription):
     event = enqueue_ping(subscription)
-    assert [(e.id, e.subscription_id, e.kind, e.created_at) for e in Event.select()] == \
-        [(event.id, subscription.id, "vc.test.ping", NOW)]
-    assert [(d.event_id, d.state, d.attempts, d.due_at, d.lease_token) for d in Delivery.select()] == \
-        [(event.id, "pending", 0, NOW, None)]
+    assert [(e.id, e.kind, e.created_at, e.occurred_at, e.body) for e in Event.select()] == \
+        [(event.id, "vc.test.ping", NOW, NOW, None)]
+    assert [(d.event_id, d.subscription_id, d.state, d.attempts, d.due_at, d.lease_token) for d in Delivery.select()] == \
+        [(event.id, subscription.id, "pending", 0, NOW, None)]
 
 
 def test_the_body_is_the_compact_envelope(subscription):
-    body = bytes(enqueue_ping(subscription).body)
+    body = body_of(enqueue_ping(subscription), subscription.id)
     envelope = json.loads(body)
     assert body == json.dumps(envelope, separators=(",", ":"), ensure_ascii=False).encode()
     assert list(envelope) == ["event", "id", "subscription_id", "occurred_at", "data"]
@@ -112,7 +106,7 @@ def test_the_event_id_is_evt_and_a_uuid4(subscription):
     event = enqueue_ping(subscription)
     assert event.id.startswith("evt_")
     assert str(uuid.UUID(event.id.removeprefix("evt_"), version=4)) == event.id.removeprefix("evt_")
-    assert json.loads(bytes(event.body))["id"] == event.id
+    assert json.loads(body_of(event, subscription.id))["id"] == event.id
 
 
 @pytest.mark.parametrize("now, occurred_at", [
@@ -122,7 +116,7 @@ def test_the_event_id_is_evt_and_a_uuid4(subscription):
     (1_800_000_059_999, "2027-01-15T08:00:59.999Z"),
 ])
 def test_occurred_at_is_the_given_time_in_rfc3339_milliseconds(subscription, now, occurred_at):
-    assert json.loads(bytes(enqueue_ping(subscription, now).body))["occurred_at"] == occurred_at
+    assert json.loads(body_of(enqueue_ping(subscription, now), subscription.id))["occurred_at"] == occurred_at
 
 
 def test_every_ping_is_a_new_event(subscription):
@@ -143,7 +137,7 @@ def test_a_due_delivery_is_claimed_with_all_it_needs(subscription):
     event = enqueue_ping(subscription)
     [claim] = claim_due(NOW, 10, LEASE)
     assert (claim.event_id, claim.kind, claim.body, claim.attempt, claim.subscription_id, claim.url,
-            claim.secret) == (event.id, "vc.test.ping", bytes(event.body), 1, subscription.id, URL,
+            claim.secret) == (event.id, "vc.test.ping", body_of(event, subscription.id), 1, subscription.id, URL,
                               subscription.secret)
     row = delivery(event.id)
     assert (row.state, row.due_at, row.lease_token, row.attempts) == \
@@ -487,14 +481,15 @@ def test_deleting_a_subscription_deletes_its_events_deliveries_and_failures(subs
         fail(claim_one(NOW + 20))
         fail(claim_one(NOW + 20), policy=LAST)
         claim_one(NOW + 20)
-    assert [count(model, subscription) for model in (Event, Delivery, Failure)] == [3, 3, 2]
+    assert history_of(subscription) == [3, 3, 2]
     assert sorted(d.state for d in Delivery.select()) == ["dead", "dead", "in_flight", "in_flight",
                                                           "pending", "pending"]
     delete_subscription(subscription, NOW + 30)
     assert purge_deleted() == 1
     assert Subscription.get_or_none(Subscription.id == subscription.id) is None
-    assert [count(model, subscription) for model in (Event, Delivery, Failure)] == [0, 0, 0]
-    assert [count(model, other_subscription) for model in (Event, Delivery, Failure)] == [3, 3, 2]
+    assert history_of(subscription) == [0, 0, 0]
+    assert history_of(other_subscription) == [3, 3, 2]
+    assert Event.select().count() == 3  # the deleted one's, delivered to no one else, went with it
     assert [Event.select().count(), Delivery.select().count(), Failure.select().count()] == [3, 3, 2]
 
 

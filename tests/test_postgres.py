@@ -14,8 +14,9 @@ from partner.store import migrations
 from tests import support
 from partner.errors import ValidationError
 from partner.keys import create_key, revoke_key, rotate_key
-from models import ApiKey, Delivery, Event, Failure, Organization, Setting, Subscription, db
-from tests.support import open_database
+from models import (ApiKey, Delivery, Event, EventType, Failure, IdempotencyKey, Organization, Publisher, Setting,
+                    Subscription, db)
+from tests.support import delivery_of, open_database
 from partner.store.sql import is_sqlite
 from partner.store.sql import write_transaction
 from partner.outbound.transport import AttemptResult
@@ -132,9 +133,9 @@ def test_every_table_round_trips(database):
                                        description=None, secret="whsec_x", active=False,
                                        consecutive_failures=3, auto_disabled_at=BIG_MS, created_at=BIG_MS,
                                        deleted_at=BIG_MS + 2, concurrency_limit=16, concurrency_ceiling=5,
-                                       concurrency_pin=2, paused_until=BIG_MS + 3)
-    event = Event.create(id="evt_1", subscription=subscription, kind="vc.test.ping", body=BODY,
-                         created_at=BIG_MS)
+                                       concurrency_pin=2, paused_until=BIG_MS + 3, events='["lead.*"]')
+    event = Event.create(id="evt_1", kind="vc.test.ping", body=BODY, created_at=BIG_MS, occurred_at=BIG_MS + 4,
+                         data=BODY)
     Delivery.create(event=event, subscription=subscription, state=Delivery.PENDING, attempts=2,
                     due_at=BIG_MS, lease_token=None, seq=BIG_MS, unrecorded=1)
     Failure.create(id="fail_1", subscription=subscription, event=event, attempt=2, http_status=None,
@@ -153,9 +154,9 @@ def test_every_table_round_trips(database):
                         "description": None, "active": False,
                         "consecutive_failures": 3, "auto_disabled_at": BIG_MS, "created_at": BIG_MS,
                         "deleted_at": BIG_MS + 2, "concurrency_limit": 16, "concurrency_ceiling": 5,
-                        "concurrency_pin": 2, "paused_until": BIG_MS + 3}],
-        Event: [{"id": "evt_1", "subscription": "wh_1", "kind": "vc.test.ping", "body": BODY,
-                 "created_at": BIG_MS}],
+                        "concurrency_pin": 2, "paused_until": BIG_MS + 3, "events": '["lead.*"]'}],
+        Event: [{"id": "evt_1", "kind": "vc.test.ping", "body": BODY, "created_at": BIG_MS,
+                 "occurred_at": BIG_MS + 4, "data": BODY}],
         Delivery: [{"event": "evt_1", "subscription": "wh_1", "state": "pending", "attempts": 2,
                     "due_at": BIG_MS, "lease_token": None, "seq": BIG_MS, "unrecorded": 1}],
         Failure: [{"id": "fail_1", "subscription": "wh_1", "event": "evt_1", "attempt": 2,
@@ -163,6 +164,7 @@ def test_every_table_round_trips(database):
                    "attempted_at": BIG_MS, "next_attempt_at": None,
                    "error_detail": "deadline of 10 s reached while connecting — é"}],
         Setting: [{"name": "a_setting", "value": "ab" * 32}],
+        Publisher: [], EventType: [], IdempotencyKey: [],
     }
     stored = Event.get_by_id("evt_1")
     assert stored.body == BODY and type(stored.body) is bytes
@@ -183,12 +185,13 @@ def test_deleting_a_subscription_cascades(database):
     org = Organization.create(id="org_1", slug="acme", created_at=1)
     subscription = Subscription.create(id="wh_1", organization=org, url="https://x.example/",
                                        secret="s", created_at=1)
-    event = Event.create(id="evt_1", subscription=subscription, kind="k", body=b"{}", created_at=1)
+    event = Event.create(id="evt_1", kind="k", data=b"{}", occurred_at=1, created_at=1)
     Delivery.create(event=event, subscription=subscription, state=Delivery.PENDING, due_at=1)
     Failure.create(id="fail_1", subscription=subscription, event=event, attempt=1, error="timeout",
                    response_excerpt="", duration_ms=1, attempted_at=1)
     subscription.delete_instance()
-    assert [model.select().count() for model in (Event, Delivery, Failure)] == [0, 0, 0]
+    # Since release 1.4 an event belongs to no subscription: only the delivery and its failures go.
+    assert [model.select().count() for model in (Event, Delivery, Failure)] == [1, 0, 0]
 
 
 def test_the_subscription_cap_holds_when_creates_race(database):
@@ -290,7 +293,7 @@ def test_a_delete_committing_while_a_claim_is_under_way_waits_for_it_and_records
 
     def delete():
         delete_subscription(subscription, 3)
-        claimed_at_204.append(Delivery.get_by_id(event_id).state == Delivery.IN_FLIGHT)
+        claimed_at_204.append(delivery_of(event_id).state == Delivery.IN_FLIGHT)
 
     errors = race_behind(
         postgres_url, [("LOCK TABLE event IN ACCESS EXCLUSIVE MODE", ())],
@@ -300,7 +303,7 @@ def test_a_delete_committing_while_a_claim_is_under_way_waits_for_it_and_records
     [claim] = claims
     recorded = support.record_attempt(claim, result, 4, 5, RetryPolicy([60], 20), 0)
     assert (claimed_at_204, recorded.recorded, Failure.select().count()) == ([True], False, 0)
-    assert Delivery.get_by_id(event_id).state == Delivery.IN_FLIGHT  # no retry: left for the purge
+    assert delivery_of(event_id).state == Delivery.IN_FLIGHT  # no retry: left for the purge
 
 
 def test_a_key_rotation_never_waits_in_a_cycle_with_a_batch_of_outcomes(database, postgres_url):

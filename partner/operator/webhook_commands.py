@@ -6,7 +6,7 @@ from flask import current_app
 from flask.cli import AppGroup
 
 from partner.concurrency import effective_limit
-from partner.history import STATES, delivery_story, list_deliveries, replay_dead_letters
+from partner.history import STATES, delivery_stories, list_deliveries, replay_dead_letters
 from partner.operator.commands import Rfc3339, now, run, starts, table
 from partner.retry import RetryPolicy
 from partner.startup import UP_TO_DATE
@@ -97,10 +97,18 @@ def deliveries_list(subscription_id: str | None, org: str | None, state: str | N
 @click.option("--subscription", "subscription_id", help="The event's subscription (wh_…), to check.")
 @starts(UP_TO_DATE)
 def deliveries_show(event_id: str, subscription_id: str | None) -> None:
-    """One event: its subscription, every attempt in order, and why it ended or when it is next due."""
+    """One event: its delivery to each subscription, every attempt in order, and why it ended or when
+    it is next due."""
     config = current_app.config
-    story = run(delivery_story, event_id, now(),
-                RetryPolicy(config["DELIVERY_RETRY_DELAYS"], config["AUTO_DISABLE_THRESHOLD"]), subscription_id)
+    stories = run(delivery_stories, event_id, now(),
+                  RetryPolicy(config["DELIVERY_RETRY_DELAYS"], config["AUTO_DISABLE_THRESHOLD"]), subscription_id)
+    for number, story in enumerate(stories):
+        if number:
+            click.echo()
+        _show(story)
+
+
+def _show(story) -> None:
     subscription = story.subscription
     lines = [("event", story.event_id), ("kind", story.kind), ("created_at", iso(story.created_at)),
              ("subscription", f"{subscription.id} ({_subscription_state(subscription)})"),
