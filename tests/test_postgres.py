@@ -210,7 +210,7 @@ def test_a_lease_being_recorded_is_not_taken_over_meanwhile(database):
     enqueue_test_ping(create_subscription(org.id, "https://x.example/", None, 1), "KEYID", 1)
     [claim] = claim_due(1, 10, 1000)
     with write_transaction():
-        assert _held([Outcome(claim, FAILED, 1, 1)]) == {claim.event_id}
+        assert _held([Outcome(claim, FAILED, 1, 1)]) == {claim.delivery}
         taken = []
         assert run_together(1, lambda: taken.extend(claim_due(1 + 1000, 10, 1000))) == []
         assert taken == []
