@@ -2,7 +2,6 @@
 its refusal as a one-line exit 1, and the tables and times it reads and prints."""
 
 import functools
-from datetime import datetime
 
 import click
 from flask import current_app
@@ -11,7 +10,7 @@ from partner.errors import OperatorError, ValidationError
 from partner.startup import start_command
 from partner.store.availability import describe, is_unavailable
 from partner.store.connection import db
-from partner.timestamps import now_ms, to_ms
+from partner.timestamps import now_ms, parse_rfc3339
 
 
 def starts(needs: str, keys: bool = False):
@@ -63,11 +62,8 @@ class Rfc3339(click.ParamType):
     name = "RFC3339"
 
     def convert(self, value, param, ctx):
-        try:
-            moment = datetime.fromisoformat(value)
-        except ValueError:
-            moment = None
-        if moment is None or moment.tzinfo is None:
+        moment = parse_rfc3339(value)
+        if moment is None:
             self.fail(f"{value!r} is not an RFC 3339 time with an offset, e.g. 2026-11-22T10:15:30Z",
                       param, ctx)
-        return to_ms(moment.timestamp())
+        return moment
