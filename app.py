@@ -1,6 +1,7 @@
 """The application factory and the HTTP API: thin routes that parse, call one domain function, shape."""
 
 import functools
+import json
 import logging
 
 from flask import Blueprint, Flask, current_app, g, request
@@ -15,6 +16,7 @@ from partner.edge.health import install_health
 from partner.edge.ops_port import install_ops_port
 from partner.edge.pagination import Cursors, cursor_key, read_page_args
 from partner.edge.problems import register_error_handlers
+from partner.edge.publish_api import internal
 from partner.edge.proxies import ForwardedFromProxies
 from partner.edge.ratelimit import RateLimits
 from partner.edge.request_ids import install_request_ids
@@ -76,6 +78,7 @@ def create_app(overrides: dict | None = None) -> Flask:
     app.teardown_request(_close_connection)
     register_error_handlers(app)
     app.register_blueprint(api)
+    app.register_blueprint(internal)
     app.register_blueprint(docs)
     for group in COMMANDS:
         app.cli.add_command(group)
@@ -127,6 +130,7 @@ def subscription_json(row: dict, include_secret: bool = False) -> dict:
         "id": row["id"],
         "url": row["url"],
         "description": row["description"],
+        "events": None if row["events"] is None else json.loads(row["events"]),
         "active": bool(row["active"]),  # SQLite answers 0 or 1
         "consecutive_failures": row["consecutive_failures"],
         "auto_disabled_at": iso(row["auto_disabled_at"]),
@@ -155,7 +159,7 @@ def create_webhook():
                                                               Deadline(CREATE_LOOKUP_SECONDS).remaining)
     fields = validate(body, subscription_fields(resolve, current_app.config["ALLOWED_NETWORKS"]))
     subscription = create_subscription(g.caller.organization.id, fields["url"], fields["description"],
-                                       now_ms(current_app.config["CLOCK"]))
+                                       now_ms(current_app.config["CLOCK"]), fields["events"])
     location = f"{api.url_prefix}/webhooks/{subscription.id}"
     row = {**model_to_dict(subscription, recurse=False), "secret": subscription.secret}
     return subscription_json(row, include_secret=True), 201, {"Location": location}

@@ -31,7 +31,7 @@ RESERVED_SCOPES = frozenset({
 })
 
 # Hashed when no key matches, so an unknown key id costs the same as a wrong secret.
-_DUMMY_HASH = hashlib.sha256(b"no such key").hexdigest()
+DUMMY_HASH = hashlib.sha256(b"no such key").hexdigest()
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +77,7 @@ def find_active_key(full_key: str) -> Caller | None:
     key_id, secret = parts
     rows = select_rows(_KEY_LOOKUP, (key_id,))
     row = rows[0] if rows else None
-    expected = row["secret_hash"] if row else _DUMMY_HASH
+    expected = row["secret_hash"] if row else DUMMY_HASH
     if not hmac.compare_digest(expected, hash_secret(secret)) or row is None or row["revoked_at"] is not None:
         return None
     return Caller(row["key_id"], frozenset(row["scopes"].split()),

@@ -1,12 +1,13 @@
 """Webhook subscriptions: an organization's (create, find, list, delete) and the operator's
 (an overview with delivery counts, re-enabling after an auto-disable, pinning its concurrency)."""
 
+import json
 import secrets
 
 from peewee import fn
 
 from models import IN_FLIGHT_CONDITION, Delivery, Organization, Subscription
-from partner import safe_text
+from partner import event_types, safe_text
 from partner.store.sql import is_sqlite, new_id, page_of, run_sql, select_rows, write_transaction
 from partner.validation import Check, Field
 from partner.errors import ApiError, OperatorError, ValidationError, field_error
@@ -15,7 +16,7 @@ from partner.outbound import ssrf
 # Every list request runs one of these, so they are written once as SQL: compiling the ORM query
 # cost more than running it (bench/api_overhead). Keyset order over the index on
 # (organization_id, created_at, id); portable, run by database.select_rows.
-_PAGE_COLUMNS = ("SELECT id, url, description, active, consecutive_failures, auto_disabled_at, created_at "
+_PAGE_COLUMNS = ("SELECT id, url, description, events, active, consecutive_failures, auto_disabled_at, created_at "
                  "FROM subscription WHERE organization_id = {p} AND deleted_at IS NULL")
 _FIRST_PAGE = _PAGE_COLUMNS + " ORDER BY created_at, id LIMIT {p}"
 _NEXT_PAGE = _PAGE_COLUMNS + " AND (created_at, id) > ({p}, {p}) ORDER BY created_at, id LIMIT {p}"
@@ -35,7 +36,8 @@ def subscription_fields(resolve: ssrf.Resolver, allowed_networks) -> tuple[Field
     """The fields of a subscription definition; the URL is vetted with `resolve`."""
     return (Field("url", required=True, max_length=ssrf.MAX_URL_LENGTH,
                   check=target_check(resolve, allowed_networks)),
-            Field("description", max_length=MAX_DESCRIPTION_LENGTH, check=plain_label))
+            Field("description", max_length=MAX_DESCRIPTION_LENGTH, check=plain_label),
+            Field("events", kind=list, check=event_types.check_filter))
 
 
 def plain_label(text: str) -> tuple[str, str] | None:
@@ -61,9 +63,10 @@ def target_check(resolve: ssrf.Resolver, allowed_networks) -> Check:
     return check
 
 
-def create_subscription(org_id: str, url: str, description: str | None,
-                        now_ms: int) -> Subscription:
-    """Store a subscription with a fresh signing secret; the URL must already be vetted."""
+def create_subscription(org_id: str, url: str, description: str | None, now_ms: int,
+                        events: list[str] | None = None) -> Subscription:
+    """Store a subscription with a fresh signing secret; the URL (and `events`, its filter) must
+    already be vetted."""
     with write_transaction():
         if not is_sqlite():
             # Serialize creates per organization so the cap holds under concurrency.
@@ -73,7 +76,8 @@ def create_subscription(org_id: str, url: str, description: str | None,
                                                f"An organization has at most {MAX_SUBSCRIPTIONS} subscriptions.")])
         return Subscription.create(  # the secret is sealed as it is set (models.Subscription.secret)
             id=new_id("wh"), organization=org_id, url=url, description=description,
-            secret=SECRET_PREFIX + secrets.token_urlsafe(32), created_at=now_ms)
+            secret=SECRET_PREFIX + secrets.token_urlsafe(32), created_at=now_ms,
+            events=None if events is None else json.dumps(events))
 
 
 def find_subscription(org_id: str, subscription_id: str, lock: bool = False) -> Subscription:

@@ -16,6 +16,7 @@ class Field:
     required: bool = False
     max_length: int | None = None
     check: Check | None = None
+    kind: type = str  # the JSON type: str, or list (whose check looks at its entries)
 
 
 def validate(body: dict, fields: tuple[Field, ...]) -> dict:
@@ -34,11 +35,14 @@ def validate(body: dict, fields: tuple[Field, ...]) -> dict:
     return {field.name: body.get(field.name) for field in fields}
 
 
+_KINDS = {str: "a string", list: "a list"}
+
+
 def _field_error(field: Field, value: Any, present: bool) -> tuple[str, str] | None:
     if not present or value is None:  # null means "not given", for every field
         return ("required", "This field is required.") if field.required else None
-    if type(value) is not str:  # exact: a number is not a string
-        return "invalid_type", "This field must be a string."
+    if type(value) is not field.kind:  # exact: a number is not a string
+        return "invalid_type", f"This field must be {_KINDS[field.kind]}."
     if field.max_length is not None and len(value) > field.max_length:
         return "too_long", f"This field is at most {field.max_length} characters."
     return field.check(value) if field.check else None

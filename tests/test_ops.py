@@ -253,8 +253,8 @@ def test_with_an_ops_port_a_server_without_gunicorn_sorts_requests_by_its_own_po
 
 
 def test_the_ops_port_knows_every_operator_endpoint(app):
-    """The paths ops_port.py keeps apart are exactly those of the health and apidocs blueprints."""
+    """The paths ops_port.py keeps apart are exactly those of the health, apidocs and publish blueprints."""
     from partner.edge.ops_port import is_ops_path
     for rule in app.url_map.iter_rules():
         path = re.sub(r"<[^>]+>", "x", rule.rule)
-        assert is_ops_path(path) == rule.endpoint.startswith(("health.", "apidocs.")), rule.rule
+        assert is_ops_path(path) == rule.endpoint.startswith(("health.", "apidocs.", "internal.")), rule.rule

@@ -54,7 +54,7 @@ def test_create_returns_the_subscription_with_its_secret(client, auth):
     body = response.get_json()
     assert re.fullmatch(r"wh_[A-Za-z0-9]+", body["id"])
     assert SECRET.fullmatch(body["secret"])
-    assert body == {"id": body["id"], "url": NAMED_URL, "description": None, "active": True,
+    assert body == {"id": body["id"], "url": NAMED_URL, "description": None, "events": None, "active": True,
                     "consecutive_failures": 0, "auto_disabled_at": None,
                     "created_at": "2027-01-15T08:00:00.000Z", "secret": body["secret"]}
 
@@ -250,7 +250,13 @@ INVALID_BODIES = [
     ({"url": PUBLIC_URL, "description": False}, [("description", "invalid_type")]),
     ({"url": PUBLIC_URL, "description": "x" * 256}, [("description", "too_long")]),
     ({"url": PUBLIC_URL + "a" * (2049 - len(PUBLIC_URL))}, [("url", "too_long")]),
-    ({"url": PUBLIC_URL, "events": []}, [("events", "unknown_field")]),
+    ({"url": PUBLIC_URL, "topics": []}, [("topics", "unknown_field")]),
+    ({"url": PUBLIC_URL, "events": []}, [("events", "out_of_range")]),
+    ({"url": PUBLIC_URL, "events": ["no.such"] * 51}, [("events", "out_of_range")]),
+    ({"url": PUBLIC_URL, "events": "lead.*"}, [("events", "invalid_type")]),
+    ({"url": PUBLIC_URL, "events": [1]}, [("events", "invalid_type")]),
+    ({"url": PUBLIC_URL, "events": ["no.such"]}, [("events", "unknown_event_type")]),
+    ({"url": PUBLIC_URL, "events": ["no.*"]}, [("events", "unknown_event_type")]),
     ({"url": PUBLIC_URL, "secret": "whsec_mine"}, [("secret", "unknown_field")]),
     ({"url": PUBLIC_URL, "active": False}, [("active", "unknown_field")]),
 ]
@@ -267,15 +273,15 @@ def test_null_url_is_required(client, auth):
 
 
 def test_unknown_field_error_names_the_field(client, auth):
-    response = create(client, auth, events=[])
+    response = create(client, auth, topics=[])
     assert validation_errors(response) == [
-        {"field": "events", "code": "unknown_field", "message": "This field is not accepted."}]
+        {"field": "topics", "code": "unknown_field", "message": "This field is not accepted."}]
 
 
 def test_every_field_error_is_reported_in_one_response(client, auth):
-    response = client.post(WEBHOOKS, json={"events": [], "description": 5}, headers=auth)
+    response = client.post(WEBHOOKS, json={"topics": [], "description": 5, "events": []}, headers=auth)
     assert sorted(field_codes(response)) == [
-        ("description", "invalid_type"), ("events", "unknown_field"), ("url", "required")]
+        ("description", "invalid_type"), ("events", "out_of_range"), ("topics", "unknown_field"), ("url", "required")]
 
 
 @pytest.mark.parametrize("character, named", [

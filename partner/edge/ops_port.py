@@ -25,7 +25,8 @@ def install_ops_port(app: Flask) -> None:
 
 
 def is_ops_path(path: str) -> bool:
-    return path in OPS_PATHS or path.startswith("/docs/")
+    """The operator's paths, and the platform's publish endpoints (/internal/…)."""
+    return path in OPS_PATHS or path.startswith(("/docs/", "/internal/"))
 
 
 def arrival_port(environ: dict) -> int | None:

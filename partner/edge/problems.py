@@ -4,7 +4,7 @@ a secret this process cannot open, and of a DNS lookup that cannot start."""
 import logging
 from http import HTTPStatus
 
-from flask import Flask, Response, current_app, json
+from flask import Flask, Response, current_app, json, request
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from partner.store.availability import database_failed, is_unavailable
@@ -67,7 +67,7 @@ def _http_error(error: HTTPException) -> Response:
 
 def _detail(error: HTTPException) -> str:
     if isinstance(error, RequestEntityTooLarge):  # Werkzeug's words name no size
-        limit = byte_size(current_app.config["MAX_CONTENT_LENGTH"])
+        limit = byte_size(request.max_content_length or current_app.config["MAX_CONTENT_LENGTH"])
         return f"The request body is over {limit}, the most this API accepts."
     return error.description or HTTPStatus(error.code or 500).phrase
 

@@ -33,6 +33,12 @@ DEAD_LETTERED = Counter("partner_deliveries_dead_lettered_total",
 AUTO_DISABLED = Counter("partner_subscriptions_auto_disabled_total",
                         "Subscriptions auto-disabled after consecutive failures.")
 RATE_LIMITED = Counter("partner_rate_limited_total", "Requests refused with 429.", ["kind"])
+EVENTS_PUBLISHED = Counter("partner_events_published_total", "Events accepted from publishers, by type.", ["event"])
+EVENT_FANOUT = Histogram("partner_event_fanout", "Subscriptions each published event was queued to.",
+                         buckets=(0, 1, 2, 5, 10, 25, 50, 100))
+DELIVERY_LAG = Histogram("partner_delivery_lag_seconds",
+                         "From an event's acceptance to the start of its first attempt, per delivery.",
+                         buckets=(.01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300))
 
 UNMATCHED_ROUTE = "unmatched"  # every path that matches no route: its text would be unbounded
 _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
@@ -57,6 +63,13 @@ def count_request(method: str, rule: str | None, status: int, seconds: float) ->
 def count_attempt(event: str, outcome: str, seconds: float) -> None:
     DELIVERY_ATTEMPTS.labels(event, outcome).inc()
     ATTEMPT_DURATION.labels(outcome).observe(seconds)
+
+
+def count_published(accepted) -> None:
+    """Count published events (publishing.Accepted) and their fan-out."""
+    for item in accepted:
+        EVENTS_PUBLISHED.labels(item.event.kind).inc()
+        EVENT_FANOUT.observe(item.subscriptions)
 
 
 def exposition(backlog, now_ms: int) -> tuple[bytes, str]:
