@@ -8,13 +8,16 @@ import threading
 import pytest
 import trustme
 
+from partner.event_types import add_event_type
 from partner.keys import create_key
+from partner.publishers import create_publisher
 from models import db
 from partner import sealing
 from partner.store.connection import SQLITE_PRAGMAS
 from tests.contract import ContractClient
 from tests.receivers import RawServer, Receiver
-from tests.support import ENCRYPTION_KEYS, started_app, PUBLIC_IP, WEBHOOKS, FakeClock, StubResolver, bearer, json_of
+from tests.support import (ENCRYPTION_KEYS, EVENTS, LEAD_SCHEMA, started_app, PUBLIC_IP, WEBHOOKS, FakeClock,
+                           StubResolver, bearer, json_of)
 
 ALLOWED_LOOPBACK = ["127.0.0.0/8"]
 
@@ -173,6 +176,34 @@ def failures(client, auth):
         return json_of(client.get(f"{WEBHOOKS}/{subscription['id']}/failures", query_string=query,
                                   headers=auth), 200)
     return failures
+
+
+# --- the platform's publishers ----------------------------------------------------------------------
+
+@pytest.fixture
+def registered(app, clock):
+    """register(name, schema=None): an event type the operator added."""
+    def register(name: str, schema: dict | None = None) -> None:
+        with app.app_context(), db.connection_context():
+            add_event_type(name, f"About {name}.", None if schema is None else json.dumps(schema), int(clock() * 1000))
+    for name, schema in (("lead.created", LEAD_SCHEMA), ("lead.note.added", None), ("intake.done", None)):
+        register(name, schema)
+    return register
+
+
+@pytest.fixture
+def credential(app, clock, registered) -> str:
+    with app.app_context(), db.connection_context():
+        return create_publisher("billing", int(clock() * 1000)).credential
+
+
+@pytest.fixture
+def publish(client, credential):
+    """publish(body, key=None, path=EVENTS): the response to a publish as the `billing` publisher."""
+    def publish(body, key: str | None = None, path: str = EVENTS, credential: str = credential):
+        headers = {**bearer(credential), **({"Idempotency-Key": key} if key is not None else {})}
+        return client.post(path, json=body, headers=headers)
+    return publish
 
 
 # --- TLS: a throwaway CA, partners' certificates, and the bundle that trusts them -----------------

@@ -239,6 +239,16 @@ def sealed(subscription_id: str, secret: str) -> dict:
     return dict(zip(("secret_key_id", "secret_sealed"), sealing.seal(subscription_id, secret)))
 
 
+# The publish endpoints, and an event of the `lead.created` type the `registered` fixture adds.
+EVENTS, BATCH = "/internal/v1/events", "/internal/v1/events/batch"
+LEAD_SCHEMA = {"type": "object", "required": ["lead_id"], "properties": {"lead_id": {"type": "string"}}}
+
+
+def lead(org: str = "acme", **fields) -> dict:
+    """A `lead.created` event's publish body, for organization `org`."""
+    return {"organization": org, "event": "lead.created", "data": {"lead_id": "ld_1"}, **fields}
+
+
 def history_of(subscription_id: str) -> list[int]:
     """A subscription's events (those queued to it), deliveries and failure records, counted."""
     return [Event.select().join(Delivery).where(Delivery.subscription == subscription_id).count(),

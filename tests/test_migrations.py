@@ -23,7 +23,9 @@ from partner import sealing
 from partner.store import migrations
 from partner.errors import StartRefused
 from tests import test_models, test_postgres
-from tests.fixtures.release_rows import RELEASES, ROWS, SECRETS, schema_sql
+from models import Event, db
+from partner.outbox import claim_due
+from tests.fixtures.release_rows import RELEASES, ROWS, SECRETS, T, schema_sql
 from tests.gunicorn_server import FLASK, ROOT, run_flask
 from tests.support import free_port, run_together
 
@@ -397,3 +399,12 @@ def test_a_scrub_that_a_reader_kept_from_emptying_the_wal_stays_owed(brief_busy_
         assert migrations.status(database).scrub_owed == ["0002_seal_webhook_secrets"]
     open_database(url)
     assert_no_plaintext_secret(url)
+
+
+def test_an_event_queued_before_release_1_4_is_sent_byte_for_byte(database_url):
+    build_release(database_url, "1.1")
+    open_database(database_url)
+    with db.connection_context():
+        claims = claim_due(T + 10**9, 10, 60_000)
+        [pending] = [row for row in ROWS["event"] if row["id"] == claims[0].event_id]
+        assert (claims[0].body, Event.get_by_id(pending["id"]).data) == (pending["body"], '{"message":"café"}'.encode())

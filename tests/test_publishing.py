@@ -8,43 +8,11 @@ import pytest
 
 from models import Delivery, Event, IdempotencyKey, Subscription, db
 from partner import idempotency
-from partner.event_types import add_event_type, retire_event_type
+from partner.event_types import retire_event_type
 from partner.publishers import create_publisher, revoke_publisher
-from tests.support import WEBHOOKS, assert_problem, bearer, field_codes, json_of
+from tests.support import BATCH, EVENTS, WEBHOOKS, assert_problem, bearer, field_codes, json_of, lead
 
-EVENTS, BATCH = "/internal/v1/events", "/internal/v1/events/batch"
 URL = "https://hooks.partner.example/events"
-LEAD_SCHEMA = {"type": "object", "required": ["lead_id"], "properties": {"lead_id": {"type": "string"}}}
-
-
-@pytest.fixture
-def registered(app, clock):
-    """register(name, schema=None): an event type the operator added."""
-    def register(name: str, schema: dict | None = None) -> None:
-        with app.app_context(), db.connection_context():
-            add_event_type(name, f"About {name}.", None if schema is None else json.dumps(schema), int(clock() * 1000))
-    for name, schema in (("lead.created", LEAD_SCHEMA), ("lead.note.added", None), ("intake.done", None)):
-        register(name, schema)
-    return register
-
-
-@pytest.fixture
-def credential(app, clock, registered) -> str:
-    with app.app_context(), db.connection_context():
-        return create_publisher("billing", int(clock() * 1000)).credential
-
-
-@pytest.fixture
-def publish(client, credential):
-    """publish(body, key=None, path=EVENTS): the response to a publish as the `billing` publisher."""
-    def publish(body, key: str | None = None, path: str = EVENTS, credential: str = credential):
-        headers = {**bearer(credential), **({"Idempotency-Key": key} if key is not None else {})}
-        return client.post(path, json=body, headers=headers)
-    return publish
-
-
-def lead(org: str = "acme", **fields) -> dict:
-    return {"organization": org, "event": "lead.created", "data": {"lead_id": "ld_1"}, **fields}
 
 
 def stored(app) -> tuple[int, list[tuple[str, str]]]:
