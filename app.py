@@ -10,7 +10,7 @@ from werkzeug.exceptions import NotFound
 
 from delivery import Dispatcher
 from partner.config import load_config
-from partner.edge.apidocs import docs
+from partner.edge.apidocs import install_docs
 from partner.edge.auth import authenticate, require_scope
 from partner.edge.health import install_health
 from partner.edge.ops_port import install_ops_port
@@ -79,7 +79,7 @@ def create_app(overrides: dict | None = None) -> Flask:
     register_error_handlers(app)
     app.register_blueprint(api)
     app.register_blueprint(internal)
-    app.register_blueprint(docs)
+    install_docs(app)
     for group in COMMANDS:
         app.cli.add_command(group)
     return app

@@ -24,13 +24,14 @@ MAX_NAME_LENGTH = 100
 MAX_SCHEMA_BYTES = 64 * 1024
 MAX_FILTER = 50
 RESERVED_PREFIX = "vc."
-_REGISTRY = "SELECT name, schema, updated_at, retired_at FROM event_type"
+_REGISTRY = "SELECT name, description, schema, updated_at, retired_at FROM event_type ORDER BY name"
 _NO_RETRIEVAL = Registry(retrieve=lambda uri: (_ for _ in ()).throw(Unresolvable(uri)))
 
 
 @dataclass(frozen=True)
 class KnownType:
     name: str
+    description: str | None
     schema: str | None
     updated_at: int
     retired_at: int | None

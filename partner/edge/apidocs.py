@@ -9,9 +9,13 @@ import json
 from pathlib import Path
 
 import yaml
-from flask import Blueprint, Response, abort, send_from_directory
+from flask import Blueprint, Flask, Response, abort, current_app, send_from_directory
+
+from partner.edge.described_events import LiveDocument
 
 DOCUMENT_PATH = Path(__file__).resolve().parents[2] / "openapi.yaml"
+# The publish endpoints' own document (partner/edge/publish_api.py), for the platform's services.
+INTERNAL_DOCUMENT_PATH = DOCUMENT_PATH.with_name("openapi-internal.yaml")
 
 # The few files of the swagger-ui-py package the page loads; its other assets (the editor) are not served.
 SWAGGER_ASSETS = frozenset({"swagger-ui.css", "swagger-ui-bundle.js", "favicon-32x32.png"})
@@ -50,15 +54,23 @@ INIT_SCRIPT = """window.ui = SwaggerUIBundle({
 docs = Blueprint("apidocs", __name__)
 
 
-@functools.cache
-def document() -> dict:
-    """The OpenAPI document, parsed once per process."""
-    return yaml.safe_load(DOCUMENT_PATH.read_text(encoding="utf-8"))
+def install_docs(app: Flask) -> None:
+    """The routes, and the partner's document with the registry's event types, built at its first use."""
+    app.extensions["api_document"] = functools.cache(lambda: LiveDocument(document(), app.config["CLOCK"]))
+    app.register_blueprint(docs)
 
 
 @functools.cache
-def _document_json() -> str:
-    return json.dumps(document(), ensure_ascii=False)
+def document(path: Path = DOCUMENT_PATH) -> dict:
+    """An OpenAPI document, parsed once per process."""
+    return yaml.safe_load(path.read_text(encoding="utf-8"))
+
+
+@functools.cache
+def _internal_json() -> str:
+    return json.dumps(document(INTERNAL_DOCUMENT_PATH), ensure_ascii=False)
+
+
 
 
 @functools.cache
@@ -69,7 +81,12 @@ def _swagger_ui_dir() -> Path:
 
 @docs.get("/openapi.json")
 def openapi_json():
-    return Response(_document_json(), mimetype="application/json")
+    return Response(current_app.extensions["api_document"]().text(), mimetype="application/json")
+
+
+@docs.get("/internal/openapi.json")
+def internal_openapi_json():
+    return Response(_internal_json(), mimetype="application/json")
 
 
 @docs.get("/docs")
