@@ -17,6 +17,7 @@ from partner.retry import MAX_JITTER, RetryPolicy
 from partner.store.availability import database_failed, describe, is_unavailable
 from partner.store.connection import db
 from partner.store.group_commit import GroupCommit
+from partner.telemetry import metrics
 from partner.telemetry.attempts import log_attempt
 from partner.timestamps import now_ms, to_ms
 
@@ -62,6 +63,7 @@ class Courier:
             result = self.sender.send(claim, attempted_at)
         except LookupsBusy as error:
             return self._put_off(claim, error)
+        metrics.observe_lag(claim, attempted_at)  # an attempt was made (a put-off one was not)
         outcome = Outcome(claim, result, attempted_at, now_ms(self.clock), self.random.uniform(0, MAX_JITTER),
                           self.random.random())
         recorded = self._record(outcome)

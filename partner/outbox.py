@@ -87,7 +87,7 @@ CLAIM_LOCK_CLASS = 0x70617274  # any constant
 # Holds the subscription until the claim commits, or passes over one another transaction writes (a delete
 # under way): the take's half of the module docstring's rule.
 _HELD_LIVE = f"EXISTS ({LIVE_SUBSCRIPTION} FOR SHARE SKIP LOCKED)"
-_CLAIMED = ('SELECT e.id AS event_id, e.kind, e.body, e.occurred_at, e.data, d.attempts, d.unrecorded, '
+_CLAIMED = ('SELECT e.id AS event_id, e.kind, e.body, e.occurred_at, e.data, e.created_at, d.attempts, d.unrecorded, '
             's.id AS subscription_id, '
             's.organization_id, s.url, s.secret_key_id, s.secret_sealed, s.consecutive_failures, s.active, '
             's.concurrency_pin IS NULL AND s.concurrency_limit < {p} AS may_widen '
@@ -114,6 +114,7 @@ class Claim:
     secret: str = field(repr=False)  # a repr may reach a log line or a traceback
     failing: bool = False  # when claimed, the subscription's last attempt had failed: a failing slot
     may_widen: bool = False  # this claim filled its subscription's adaptive limit, below the most (_filled)
+    queued_at: int = 0  # when its event was accepted (Unix ms): the lag to its first attempt is measured
     # When the lease began, on time.monotonic: the outcome must be written before it ends.
     claimed_at: float = field(default_factory=time.monotonic)
 
@@ -227,7 +228,7 @@ def _claim_of(row: dict, token: str) -> Claim:
     return Claim(row["event_id"], row["kind"], body, row["attempts"] + 1, token,
                  row["subscription_id"], row["organization_id"], row["url"],
                  open_secret(row["subscription_id"], row["secret_key_id"], row["secret_sealed"]),
-                 row["consecutive_failures"] > 0, bool(row["may_widen"]))
+                 row["consecutive_failures"] > 0, bool(row["may_widen"]), row["created_at"])
 
 
 def release(claims: list[Claim], now_ms: int) -> int:

@@ -248,3 +248,23 @@ def test_with_an_ops_port_publishing_answers_there_only(client, credential, regi
     headers = bearer(credential)
     assert_problem(client.post(EVENTS, json=lead(), headers=headers), 404, "not_found")
     assert client.post(EVENTS, json=lead(), headers=headers, base_url="http://localhost:9100").status_code == 202
+
+
+# --- metrics ------------------------------------------------------------------------------------------
+
+@pytest.mark.config(WEBHOOK_ALLOWED_NETWORKS=["127.0.0.0/8"])
+def test_the_metrics_count_published_events_their_fan_out_and_the_lag(client, publish, subscribe, receiver, dispatcher,
+                                                                        clock):
+    def sample(text: str, name: str) -> float:
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name))
+    before = client.get("/metrics").text
+    subscribe(receiver.url), subscribe(receiver.url)
+    publish({"events": [lead(), lead(org="nobody")]}, path=BATCH)
+    clock.advance(0.25)
+    dispatcher.run_due()
+    after = client.get("/metrics").text
+    assert sample(after, 'partner_events_published_total{event="lead.created"}') - \
+        sample(before, 'partner_events_published_total{event="lead.created"}') == 2
+    assert sample(after, "partner_event_fanout_sum") - sample(before, "partner_event_fanout_sum") == 2
+    assert sample(after, "partner_delivery_lag_seconds_count") - sample(before, "partner_delivery_lag_seconds_count") == 2
+    assert sample(after, "partner_delivery_lag_seconds_sum") - sample(before, "partner_delivery_lag_seconds_sum") == 0.5

@@ -65,6 +65,13 @@ def count_attempt(event: str, outcome: str, seconds: float) -> None:
     ATTEMPT_DURATION.labels(outcome).observe(seconds)
 
 
+def observe_lag(claim, attempted_at: int) -> None:
+    """The lag from an event's acceptance to its delivery's first attempt (outbox.Claim); a replayed
+    dead letter's first attempt again counts from the event's acceptance."""
+    if claim.attempt == 1:
+        DELIVERY_LAG.observe(max(0, attempted_at - claim.queued_at) / 1000)
+
+
 def count_published(accepted) -> None:
     """Count published events (publishing.Accepted) and their fan-out."""
     for item in accepted:
