@@ -4,12 +4,15 @@ real receiver on 127.0.0.1. On PostgreSQL, two services on one database: each de
 and an Idempotency-Key holds across them."""
 
 import json
+import subprocess
+import sys
 from collections import Counter
 
 import pytest
 import requests
 
-from tests.gunicorn_server import Gunicorn, flask
+from examples.publisher import Publisher, PublishError
+from tests.gunicorn_server import ROOT, Gunicorn, flask
 from tests.support import EVENTS, WEBHOOKS, bearer, eventually, free_port, lead, open_database, run_together
 
 pytestmark = pytest.mark.both_databases
@@ -73,3 +76,21 @@ def test_one_idempotency_key_sent_to_every_service_at_once_queues_once(platform,
     replay = session.post(bases[-1] + EVENTS, json=lead(), headers={**headers, "Idempotency-Key": "order-7"}, timeout=10)
     assert (replay.status_code, replay.json()["id"]) == (200, ids.pop())
     assert len(receiver.received) == 2
+
+
+def test_the_example_publisher_publishes_once_per_key(platform, receiver, server_env):
+    bases, headers = platform
+    credential = headers["Authorization"].removeprefix("Bearer ")
+    ran = subprocess.run([sys.executable, "examples/publisher.py", "acme", "lead.created", '{"lead_id": "ld_9"}'],
+                         cwd=ROOT, capture_output=True, text=True, timeout=30,
+                         env={**server_env, "PUBLISHER_CREDENTIAL": credential, "PUBLISH_URL": bases[0]})
+    assert ran.returncode == 0, ran.stderr
+    assert json.loads(ran.stdout)["subscriptions"] == 2
+    publisher = Publisher(credential, bases[-1])
+    batch = [{"organization": "acme", "event": "lead.created", "data": {"lead_id": f"ld_{n}"}} for n in range(3)]
+    first, again = publisher.publish_batch(batch, key="nightly-1"), publisher.publish_batch(batch, key="nightly-1")
+    assert first == again and len(first) == 3
+    with pytest.raises(PublishError) as refused:
+        publisher.publish("acme", "lead.unknown", {})
+    assert (refused.value.status, refused.value.problem["code"]) == (422, "validation_error")
+    assert eventually(lambda: len(receiver.received) >= 8, 30)
