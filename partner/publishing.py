@@ -153,7 +153,7 @@ def publish_once(publisher_id: str, key: str | None, body: dict, items: list, pr
     answer = []
 
     def keep(accepted: list[Accepted]) -> None:
-        answer.append(json.dumps(shape(accepted)))
+        answer.append(json.dumps(shape(accepted), separators=(",", ":"), sort_keys=True))  # as Flask answers JSON
         if key is not None:
             idempotency.keep(publisher_id, key, answer[0])
     try:
