@@ -18,8 +18,10 @@ from models import Subscription, db
 from partner.subscriptions import new_secret
 
 NODE = Path(__file__).parent / "node"
-# base64url of the bytes e0..ff, unpadded, with "-" and "_": what token_urlsafe(32) gave before 1.4.
+# What token_urlsafe(32) gave before 1.4: base64url, unpadded; the bytes e0..ff, with "-" and "_",
+# and 00..1f, without (about one old secret in four has neither).
 OLD_SECRET = "whsec_4OHi4-Tl5ufo6err7O3u7_Dx8vP09fb3-Pn6-_z9_v8"
+OLD_PLAIN_SECRET = "whsec_AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8"
 
 
 class Refused(Exception):
@@ -85,16 +87,19 @@ def delivered(dispatcher, receiver, subscribe, ping, clock):
 
 
 @pytest.fixture
-def old_secret_delivery(app, dispatcher, receiver, subscribe, ping):
-    """The request of a test ping to a subscription whose secret was issued before 1.4 (OLD_SECRET)."""
-    subscription = subscribe(receiver.url)
-    with app.app_context(), db.connection_context():
-        stored = Subscription.get_by_id(subscription["id"])
-        stored.secret = OLD_SECRET
-        stored.save()
-    ping({**subscription, "secret": OLD_SECRET})
-    assert dispatcher.run_due() == 1
-    return receiver.received[-1]
+def delivered_under(app, dispatcher, receiver, subscribe, ping):
+    """delivered_under(secret): the request of a test ping to a subscription given that secret, as one
+    issued before 1.4 is."""
+    def deliver(secret: str):
+        subscription = subscribe(receiver.url)
+        with app.app_context(), db.connection_context():
+            stored = Subscription.get_by_id(subscription["id"])
+            stored.secret = secret
+            stored.save()
+        ping({**subscription, "secret": secret})
+        assert dispatcher.run_due() == 1
+        return receiver.received[-1]
+    return deliver
 
 
 def test_the_library_verifies_a_delivery_with_the_secret_as_created(library, delivered):
@@ -112,8 +117,8 @@ def test_the_library_refuses_a_delivery_signed_ten_minutes_ago(library, delivere
         library(*delivered(seconds_ago=600))
 
 
-def test_an_old_secret_still_verifies_x_vc_signature_here_and_with_stripe(old_secret_delivery, clock):
-    request = old_secret_delivery
+def test_an_old_secret_still_verifies_x_vc_signature_here_and_with_stripe(delivered_under, clock):
+    request = delivered_under(OLD_SECRET)
     assert signing.verify(request.headers, request.body, OLD_SECRET, now_ms=int(clock() * 1000)) == request.body
     # Stripe's scheme is ours in seconds: t=<timestamp>,v1=<hex> over "<t>.<body>"; no tolerance
     # (ours is in ms, checked just above), so only the HMAC is Stripe's to judge.
@@ -123,8 +128,8 @@ def test_an_old_secret_still_verifies_x_vc_signature_here_and_with_stripe(old_se
         stripe.WebhookSignature.verify_header(request.body, header, new_secret())
 
 
-def test_an_old_secret_verifies_webhook_signature_by_its_base64url_key(old_secret_delivery, clock, npm_library):
-    request = old_secret_delivery
+def test_an_old_secret_verifies_webhook_signature_by_its_base64url_key(delivered_under, clock, npm_library):
+    request = delivered_under(OLD_SECRET)
     signing.verify_standard(request.headers, request.body, OLD_SECRET, now_s=int(clock()))
     # As docs/webhooks.md says: both libraries refuse the string, and take its base64url decoding.
     with pytest.raises(ValueError):  # the PyPI library drops "-" and "_", here leaving invalid base64
@@ -133,3 +138,7 @@ def test_an_old_secret_verifies_webhook_signature_by_its_base64url_key(old_secre
         npm_verify(OLD_SECRET, request)
     pypi_verify(base64.urlsafe_b64decode(OLD_SECRET.removeprefix("whsec_") + "="), request)
     npm_verify(OLD_SECRET, request, raw_key=True)
+
+
+def test_an_old_secret_without_dash_or_underscore_works_in_the_libraries_unchanged(library, delivered_under):
+    library(OLD_PLAIN_SECRET, delivered_under(OLD_PLAIN_SECRET))
