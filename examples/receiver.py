@@ -1,5 +1,8 @@
 """A minimal webhook receiver: verify the signature, de-duplicate by event id, answer.
 
+It verifies X-VC-Signature when the request has one, else the Standard Webhooks headers
+(webhook-id, webhook-timestamp, webhook-signature): the service sends both.
+
 Standard library only. Copy this file and signing.py into one directory, then:
 
     WEBHOOK_SECRETS="whsec_new whsec_old" python receiver.py
@@ -78,14 +81,15 @@ class WebhookHandler(BaseHTTPRequestHandler):
         body = self._read_body()
         if body is None:
             return
+        verify = signing.verify if signing.SIGNATURE_HEADER in self.headers else signing.verify_standard
         try:
             # self.headers is an email Message, not a typing.Mapping; verify only
             # needs items(), and this way a repeated header stays visible to it.
-            signing.verify(self.headers, body, self.server.secrets)  # type: ignore[arg-type]
+            verified = verify(self.headers, body, self.server.secrets)  # type: ignore[arg-type]
         except signing.SignatureError as error:
             self._reply(401, {"error": "invalid_signature", "reason": error.reason})
             return
-        event = _parse_envelope(body)
+        event = _parse_envelope(verified)
         if event is None:
             self._reply(400, {"error": "invalid_envelope"})
         elif not self.server.seen.add(event["id"]):

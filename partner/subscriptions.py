@@ -1,6 +1,7 @@
 """Webhook subscriptions: an organization's (create, find, list, delete) and the operator's
 (an overview with delivery counts, re-enabling after an auto-disable, pinning its concurrency)."""
 
+import base64
 import json
 import secrets
 
@@ -30,6 +31,13 @@ _DROP_LEASES = f"UPDATE delivery SET lease_token = NULL WHERE subscription_id = 
 MAX_SUBSCRIPTIONS = 100
 MAX_DESCRIPTION_LENGTH = 255
 SECRET_PREFIX = "whsec_"
+SECRET_BYTES = 32
+
+
+def new_secret() -> str:
+    """A signing secret: 'whsec_' and the standard base64 of 32 random bytes (44 characters, padded),
+    so the same string is the X-VC-Signature key and, decoded, the Standard Webhooks one."""
+    return SECRET_PREFIX + base64.b64encode(secrets.token_bytes(SECRET_BYTES)).decode("ascii")
 
 
 def subscription_fields(resolve: ssrf.Resolver, allowed_networks) -> tuple[Field, ...]:
@@ -76,8 +84,7 @@ def create_subscription(org_id: str, url: str, description: str | None, now_ms: 
                                                f"An organization has at most {MAX_SUBSCRIPTIONS} subscriptions.")])
         return Subscription.create(  # the secret is sealed as it is set (models.Subscription.secret)
             id=new_id("wh"), organization=org_id, url=url, description=description,
-            secret=SECRET_PREFIX + secrets.token_urlsafe(32), created_at=now_ms,
-            events=None if events is None else json.dumps(events))
+            secret=new_secret(), created_at=now_ms, events=None if events is None else json.dumps(events))
 
 
 def find_subscription(org_id: str, subscription_id: str, lock: bool = False) -> Subscription:

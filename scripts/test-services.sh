@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # Installs the binaries the suite's real-part tests run (Debian/Ubuntu): redis-server and PostgreSQL for
 # scale-out, headless Chromium for the /docs page, nginx for the deployment kit's proxy site and
-# promtool (Debian's prometheus package) for its alert rules. Idempotent and quiet: does nothing when all are
-# present. Starts no service: the tests start throwaway servers of their own on loopback
-# (tests/servers.py) and skip when these are missing.
+# promtool (Debian's prometheus package) for its alert rules, and node with npm for the npm standardwebhooks
+# library's check of our signatures. Idempotent and quiet: does nothing when all are present. Starts no
+# service: the tests start throwaway servers of their own on loopback (tests/servers.py) and skip when
+# these are missing, except node and npm, which tests/test_standard_webhooks.py requires.
 set -euo pipefail
 
 have_redis() { command -v redis-server >/dev/null 2>&1; }
 have_chromium() { command -v chromium >/dev/null 2>&1; }
 have_nginx() { command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ]; }
 have_promtool() { command -v promtool >/dev/null 2>&1; }
+have_node() { command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1; }
 have_postgres() { compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null && compgen -G '/usr/lib/postgresql/*/bin/pg_ctl' >/dev/null; }
 
 packages=()
@@ -19,6 +21,7 @@ have_postgres || packages+=(postgresql)
 have_chromium || packages+=(chromium fonts-dejavu-core)
 have_nginx || packages+=(nginx)
 have_promtool || packages+=(prometheus)
+have_node || packages+=(nodejs npm)
 [ ${#packages[@]} -eq 0 ] && exit 0
 
 if ! command -v apt-get >/dev/null 2>&1; then
@@ -49,5 +52,5 @@ if ! { "${apt_get[@]}" update && "${apt_get[@]}" install --no-install-recommends
     exit 1
 fi
 rm -f "$log"
-have_redis && have_postgres && have_chromium && have_nginx && have_promtool || { echo "test-services: ${packages[*]} installed but binaries not found" >&2; exit 1; }
+have_redis && have_postgres && have_chromium && have_nginx && have_promtool && have_node || { echo "test-services: ${packages[*]} installed but binaries not found" >&2; exit 1; }
 echo "test-services: installed ${packages[*]}"

@@ -84,7 +84,11 @@ def test_ping_arrives_signed_and_verifiable(dispatcher, receiver, subscribe, pin
     accepted = ping(subscription).get_json()
     assert dispatcher.run_due() == 1
     [request] = receiver.received
-    signing.verify(request.headers, request.body, subscription["secret"], now_ms=int(clock() * 1000))
+    now_ms = int(clock() * 1000)
+    signing.verify(request.headers, request.body, subscription["secret"], now_ms=now_ms)
+    signing.verify_standard(request.headers, request.body, subscription["secret"], now_s=now_ms // 1000)
+    assert request.headers["webhook-id"] == accepted["id"]
+    assert int(request.headers["webhook-timestamp"]) == int(request.headers["X-VC-Timestamp"]) // 1000
     envelope = json.loads(request.body)
     assert envelope == {
         "event": "vc.test.ping", "id": accepted["id"], "subscription_id": subscription["id"],

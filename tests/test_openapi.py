@@ -16,7 +16,8 @@ DOCUMENT = apidocs.document()
 OPERATIONS = [(path, method, operation) for path, item in DOCUMENT["paths"].items()
               for method, operation in item.items() if method != "parameters"]
 OPERATION_IDS = [f"{method.upper()} {path}" for path, method, _ in OPERATIONS]
-WEBHOOK_HEADERS = ["X-VC-Signature", "X-VC-Timestamp", "X-VC-Event", "X-VC-Event-Id", "X-VC-Attempt"]
+WEBHOOK_HEADERS = ["X-VC-Signature", "X-VC-Timestamp", "X-VC-Event", "X-VC-Event-Id", "X-VC-Attempt",
+                   "webhook-id", "webhook-timestamp", "webhook-signature"]
 
 
 def statuses(operation) -> set[str]:

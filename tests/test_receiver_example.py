@@ -18,7 +18,12 @@ import requests
 from signing import signature_headers
 
 ROOT = Path(__file__).resolve().parents[1]
-SECRET = "whsec_receiver_test"
+SECRET = "whsec_cmVjZWl2ZXIgZXhhbXBsZSBzZWNyZXQgMzIgYnl0ZXM="  # as issued from release 1.4
+OLD_SECRET = "whsec_yMnKy8zNzs_Q0dLT1NXW19jZ2tvc3d7f4OHi4-Tl5uc"  # as issued before: base64url
+WRONG_SECRET = "whsec_YSB3cm9uZyBzZWNyZXQsIDMyIGJ5dGVzIGFzIHdlbGw="
+# The headers of each scheme; the service sends both, and the receiver verifies X-VC-* if present.
+SCHEMES = {"x-vc": ("X-VC-Signature", "X-VC-Timestamp"),
+           "standard": ("webhook-id", "webhook-timestamp", "webhook-signature")}
 
 
 def _load_receiver() -> ModuleType:
@@ -35,7 +40,7 @@ receiver = _load_receiver()
 
 @pytest.fixture
 def base_url() -> Iterator[str]:
-    server = receiver.make_server("127.0.0.1", 0, ["whsec_old", SECRET])
+    server = receiver.make_server("127.0.0.1", 0, [OLD_SECRET, SECRET])
     # A short poll interval: shutdown() waits for the loop's next poll.
     thread = threading.Thread(target=server.serve_forever, args=(0.01,), daemon=True)
     thread.start()
@@ -70,9 +75,11 @@ def deliver(
     body: bytes,
     secret: str = SECRET,
     now_ms: int | None = None,
+    scheme: str = "x-vc",
 ) -> requests.Response:
-    """POST body with fresh signature headers, as one delivery attempt."""
-    headers = {"Content-Type": "application/json", **signature_headers(secret, body, now_ms)}
+    """POST body with fresh signature headers of one scheme, as one delivery attempt."""
+    signed = signature_headers(secret, "evt_test", body, now_ms)
+    headers = {"Content-Type": "application/json", **{name: signed[name] for name in SCHEMES[scheme]}}
     return session.post(url, data=body, headers=headers, timeout=5)
 
 
@@ -81,8 +88,9 @@ def test_a_get_says_it_is_listening(base_url: str, session: requests.Session) ->
     assert (response.status_code, response.json()) == (200, {"status": "listening"})
 
 
-def test_valid_delivery_is_acknowledged(base_url: str, session: requests.Session) -> None:
-    response = deliver(session, base_url, envelope())
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_valid_delivery_is_acknowledged(base_url: str, session: requests.Session, scheme: str) -> None:
+    response = deliver(session, base_url, envelope(), scheme=scheme)
     assert (response.status_code, response.json()) == (200, {"status": "ok"})
 
 
@@ -93,21 +101,24 @@ def test_redelivery_of_an_event_is_a_duplicate(base_url: str, session: requests.
     assert (response.status_code, response.json()) == (200, {"status": "duplicate"})
 
 
+@pytest.mark.parametrize("scheme", SCHEMES)
 def test_old_secret_still_verifies_during_rotation(
-    base_url: str, session: requests.Session
+    base_url: str, session: requests.Session, scheme: str
 ) -> None:
-    assert deliver(session, base_url, envelope(), secret="whsec_old").status_code == 200
+    assert deliver(session, base_url, envelope(), secret=OLD_SECRET, scheme=scheme).status_code == 200
 
 
-def test_wrong_secret_is_unauthorized(base_url: str, session: requests.Session) -> None:
-    response = deliver(session, base_url, envelope(), secret="whsec_wrong")
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_wrong_secret_is_unauthorized(base_url: str, session: requests.Session, scheme: str) -> None:
+    response = deliver(session, base_url, envelope(), secret=WRONG_SECRET, scheme=scheme)
     assert response.status_code == 401
     assert response.json() == {"error": "invalid_signature", "reason": "signature_mismatch"}
 
 
-def test_stale_timestamp_is_unauthorized(base_url: str, session: requests.Session) -> None:
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_stale_timestamp_is_unauthorized(base_url: str, session: requests.Session, scheme: str) -> None:
     stale = time.time_ns() // 1_000_000 - 301_000
-    response = deliver(session, base_url, envelope(), now_ms=stale)
+    response = deliver(session, base_url, envelope(), now_ms=stale, scheme=scheme)
     assert response.status_code == 401
     assert response.json() == {"error": "invalid_signature", "reason": "timestamp_out_of_window"}
 
@@ -119,7 +130,7 @@ def test_unsigned_request_is_unauthorized(base_url: str, session: requests.Sessi
 
 def test_rejected_delivery_is_not_remembered(base_url: str, session: requests.Session) -> None:
     body = envelope()
-    deliver(session, base_url, body, secret="whsec_wrong")
+    deliver(session, base_url, body, secret=WRONG_SECRET)
     assert deliver(session, base_url, body).json() == {"status": "ok"}
 
 

@@ -1,4 +1,4 @@
-"""Tests for signing.py: golden vectors, the five checks in order, hostile input."""
+"""Tests for signing.py: golden vectors, the five checks in order, hostile input; for both schemes."""
 
 from __future__ import annotations
 
@@ -13,12 +13,19 @@ from werkzeug.datastructures import EnvironHeaders
 
 from signing import (
     DEFAULT_TOLERANCE_MS,
+    DEFAULT_TOLERANCE_S,
     SIGNATURE_HEADER,
+    STANDARD_ID_HEADER,
+    STANDARD_SIGNATURE_HEADER,
+    STANDARD_TIMESTAMP_HEADER,
     TIMESTAMP_HEADER,
     SignatureError,
     sign,
+    sign_standard,
     signature_headers,
+    standard_key,
     verify,
+    verify_standard,
 )
 
 SECRET = "whsec_test"
@@ -89,12 +96,14 @@ def test_sign_takes_the_timestamp_as_int_or_str() -> None:
     assert sign(SECRET, TS, BODY) == sign(SECRET, str(TS), BODY)
 
 
-def test_signature_headers_use_now_ms() -> None:
-    assert signature_headers(SECRET, BODY, now_ms=TS) == headers()
+def test_signature_headers_use_now_ms_for_both_schemes() -> None:
+    assert signature_headers(NEW_SECRET, "evt_test", BODY, now_ms=TS + 999) == {
+        **headers(sign(NEW_SECRET, TS + 999, BODY), str(TS + 999)), **standard_headers()}
 
 
-def test_round_trip_on_the_wall_clock() -> None:
-    verify(signature_headers(SECRET, BODY), BODY, SECRET)
+@pytest.mark.parametrize("check", [verify, verify_standard])
+def test_round_trip_on_the_wall_clock_returns_the_body(check: Callable) -> None:
+    assert check(signature_headers(NEW_SECRET, "evt_test", BODY), bytearray(BODY), NEW_SECRET) == BODY
 
 
 def test_error_reason_is_its_message() -> None:
@@ -336,6 +345,102 @@ def test_bytes_like_bodies_are_accepted() -> None:
     verify(headers(), bytearray(BODY), SECRET, now_ms=TS)  # type: ignore[arg-type]
 
 
+# --- Standard Webhooks (webhook-id, webhook-timestamp in seconds, webhook-signature) ---------------
+
+# The specification's published vector (standardwebhooks.com, and the libraries' own tests).
+SPEC_VECTOR = ("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", "msg_p5jXN8AQM9LWM0D4loKWxJek", 1614265330,
+               b'{"test": 2432232314}', "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=")
+# One key, bytes e0..ff, as a secret of release 1.4 (standard base64, padded) and of before
+# (base64url, unpadded, with "-" and "_"). Its signature, computed with the OpenSSL CLI:
+#   printf '%s' 'evt_test.1700000000.{"a":1}' | openssl dgst -sha256 -mac HMAC \
+#     -macopt hexkey:e0e1e2e3e4e5e6e7e8e9eaebecedeeeff0f1f2f3f4f5f6f7f8f9fafbfcfdfeff -binary | base64
+NEW_SECRET = "whsec_4OHi4+Tl5ufo6err7O3u7/Dx8vP09fb3+Pn6+/z9/v8="
+OLD_SECRET = "whsec_4OHi4-Tl5ufo6err7O3u7_Dx8vP09fb3-Pn6-_z9_v8"
+TS_S = TS // 1000
+STANDARD_SIGNATURE = "v1,VXsJiIw8KzX3LO28o1Wiu9DDmvZfUOHeWQC/8r5gnZ8="
+
+
+def standard_headers(signature: object = STANDARD_SIGNATURE, timestamp: object = str(TS_S),
+                     message_id: object = "evt_test") -> dict:
+    """Standard Webhooks headers for BODY under NEW_SECRET, valid unless told otherwise."""
+    return {STANDARD_ID_HEADER: message_id, STANDARD_TIMESTAMP_HEADER: timestamp,
+            STANDARD_SIGNATURE_HEADER: signature}
+
+
+def standard_rejection(hdrs: Mapping, body: bytes = BODY, secrets: object = NEW_SECRET, now: int = TS_S) -> str:
+    """The reason verify_standard gives for rejecting this delivery."""
+    return reason_of(lambda: verify_standard(hdrs, body, secrets, now_s=now))  # type: ignore[arg-type]
+
+
+def test_sign_standard_matches_the_specification_vector() -> None:
+    secret, message_id, timestamp, body, signature = SPEC_VECTOR
+    assert sign_standard(secret, message_id, timestamp, body) == signature
+
+
+def test_verify_standard_accepts_the_specification_vector() -> None:
+    secret, message_id, timestamp, body, signature = SPEC_VECTOR
+    hdrs = standard_headers(signature, str(timestamp), message_id)
+    assert verify_standard(hdrs, body, secret, now_s=timestamp) == body
+
+
+@pytest.mark.parametrize("secret", [NEW_SECRET, OLD_SECRET, NEW_SECRET.removeprefix("whsec_")])
+def test_both_secret_formats_give_the_openssl_signature(secret: str) -> None:
+    assert sign_standard(secret, "evt_test", TS_S, BODY) == STANDARD_SIGNATURE
+    assert standard_key(secret) == bytes(range(0xE0, 0x100))
+
+
+@pytest.mark.parametrize("secret", ["whsec_", "whsec_x", "whsec_a===", "whsec_clé", "whsec_a b", "whsec_4OHi4+Tl5u=o"])
+def test_a_secret_without_a_key_cannot_sign_or_verify(secret: str) -> None:
+    with pytest.raises(ValueError):
+        signature_headers(secret, "evt_test", BODY, now_ms=TS)
+    assert standard_rejection(standard_headers(), secrets=[NEW_SECRET, secret]) == "invalid_input"
+
+
+def test_verify_returns_the_verified_body() -> None:
+    assert verify(headers(), memoryview(BODY), SECRET, now_ms=TS) == BODY
+
+
+# Each row fails the named check and every later one: the earliest must win.
+@pytest.mark.parametrize(
+    "hdrs, reason",
+    [
+        ({}, "missing_header"),
+        ({**standard_headers(), STANDARD_ID_HEADER: None}, "missing_header"),
+        ({STANDARD_SIGNATURE_HEADER: STANDARD_SIGNATURE, STANDARD_TIMESTAMP_HEADER: str(TS_S)}, "missing_header"),
+        ({**headers(), STANDARD_ID_HEADER: "evt_test"}, "missing_header"),
+        (standard_headers("v1a,abc", "1e9"), "bad_scheme"),
+        (standard_headers(STANDARD_SIGNATURE + " sha256=00", "1e9"), "bad_scheme"),
+        (standard_headers("v1,00", "1e9"), "bad_timestamp"),
+        (standard_headers("v1,00", str(TS)), "timestamp_out_of_window"),
+        (standard_headers("v1,00"), "signature_mismatch"),
+        (standard_headers(message_id="evt_other"), "signature_mismatch"),
+        (standard_headers(timestamp=str(TS_S + 1)), "signature_mismatch"),
+    ],
+)
+def test_standard_checks_run_in_order(hdrs: dict, reason: str) -> None:
+    assert standard_rejection(hdrs) == reason
+
+
+def test_a_repeated_standard_header_is_rejected() -> None:
+    assert standard_rejection({**standard_headers(), "Webhook-Id": "evt_test"}) == "duplicate_header"
+
+
+@pytest.mark.parametrize("offset", [-DEFAULT_TOLERANCE_S, DEFAULT_TOLERANCE_S])
+def test_the_standard_window_is_in_seconds(offset: int) -> None:
+    verify_standard(standard_headers(), BODY, NEW_SECRET, now_s=TS_S + offset)
+    assert standard_rejection(standard_headers(), now=TS_S + offset + (1 if offset > 0 else -1)) == (
+        "timestamp_out_of_window")
+
+
+def test_standard_names_are_case_insensitive_and_any_of_several_signatures_may_match() -> None:
+    hdrs = {name.title(): value for name, value in standard_headers(f"v1,{'A' * 43}= {STANDARD_SIGNATURE}").items()}
+    verify_standard(_message(hdrs), BODY, ["whsec_new", OLD_SECRET], now_s=TS_S)
+
+
+def test_an_empty_secret_never_matches_a_standard_signature() -> None:
+    assert standard_rejection(standard_headers(), secrets=[""]) == "signature_mismatch"
+
+
 def _random_value(rng: random.Random) -> object:
     """A header value from a mix of near-misses and noise."""
     choices: list[Callable[[], object]] = [
@@ -350,26 +455,28 @@ def _random_value(rng: random.Random) -> object:
     return rng.choice(choices)()
 
 
-def _random_headers(rng: random.Random) -> dict:
+def _random_headers(rng: random.Random, valid: dict) -> dict:
     """Valid headers with some values replaced, dropped or repeated, to reach every check."""
-    hdrs: dict = headers()
+    hdrs: dict = dict(valid)
     for name in list(hdrs):
         if rng.random() < 0.6:
             hdrs[name] = _random_value(rng)
     if rng.random() < 0.15:
         del hdrs[rng.choice(list(hdrs))]
     if rng.random() < 0.15:
-        hdrs[rng.choice(["x-vc-signature", "X-VC-TIMESTAMP", "Other"])] = _random_value(rng)
+        hdrs[rng.choice([name.upper() for name in valid] + ["Other"])] = _random_value(rng)
     return hdrs
 
 
-def test_fuzzed_input_only_ever_raises_signature_error() -> None:
+@pytest.mark.parametrize("check, valid, now", [(verify, headers(), TS), (verify_standard, standard_headers(), TS_S)],
+                         ids=["x-vc", "standard"])
+def test_fuzzed_input_only_ever_raises_signature_error(check: Callable, valid: dict, now: int) -> None:
     rng = random.Random(0)
-    secret_options: list[object] = [SECRET, [SECRET, "whsec_new"], [], ""]
+    secret_options: list[object] = [SECRET, NEW_SECRET, [NEW_SECRET, OLD_SECRET], [], ""]
     for _ in range(3000):
-        hdrs = _random_headers(rng)
+        hdrs = _random_headers(rng, valid)
         body = rng.choice([BODY, BODY, rng.randbytes(rng.randint(0, 40))])
         try:
-            verify(hdrs, body, rng.choice(secret_options), now_ms=TS)  # type: ignore[arg-type]
+            check(hdrs, body, rng.choice(secret_options), now)
         except SignatureError as error:
             assert error.reason in REASONS, (hdrs, error.reason)

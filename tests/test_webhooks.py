@@ -15,7 +15,7 @@ from tests.support import (SLACK_SECONDS, WEBHOOKS, assert_unavailable, bearer, 
 PUBLIC_URL = "http://93.184.215.14/"
 NAMED_URL = "https://hooks.partner.example/hooks?source=vc"
 CLOCK_START = 1_800_000_000.0005  # 2027-01-15T08:00:00.000Z; the half millisecond keeps float steps off a boundary
-SECRET = re.compile(r"whsec_[A-Za-z0-9_-]{43,}")
+SECRET = re.compile(r"whsec_[A-Za-z0-9+/]{43}=")  # standard base64 of 32 bytes
 
 
 def create(client, headers, url=PUBLIC_URL, **fields):

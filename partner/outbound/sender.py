@@ -41,7 +41,7 @@ class Sender:
         headers = {
             "Content-Type": "application/json",
             "User-Agent": USER_AGENT,
-            **signing.signature_headers(claim.secret, claim.body, now_ms),
+            **signing.signature_headers(claim.secret, claim.event_id, claim.body, now_ms),
             "X-VC-Event": claim.kind,
             "X-VC-Event-Id": claim.event_id,
             "X-VC-Attempt": str(claim.attempt),
