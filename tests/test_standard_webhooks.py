@@ -16,6 +16,7 @@ import stripe
 import signing
 from models import Subscription, db
 from partner.subscriptions import new_secret
+from tests.support import lead
 
 NODE = Path(__file__).parent / "node"
 # What token_urlsafe(32) gave before 1.4: base64url, unpadded; the bytes e0..ff, with "-" and "_",
@@ -73,14 +74,19 @@ def library(request):
     return pypi_verify
 
 
-@pytest.fixture
-def delivered(dispatcher, receiver, subscribe, ping, clock):
-    """delivered(seconds_ago=0): a new subscription's test ping delivered for real, with the service's
-    clock that far behind the wall clock; (its secret as created, the request as it arrived)."""
+@pytest.fixture(params=["ping", "published"])
+def delivered(request, dispatcher, receiver, subscribe, ping, clock):
+    """delivered(seconds_ago=0): a new subscription's test ping, or a published event, delivered for
+    real, with the service's clock that far behind the wall clock; (its secret as created, the request
+    as it arrived)."""
     def deliver(seconds_ago: float = 0):
+        publish = request.getfixturevalue("publish") if request.param == "published" else None
         clock.advance(-seconds_ago)
         subscription = subscribe(receiver.url)
-        ping(subscription)
+        if publish is None:
+            ping(subscription)
+        else:
+            assert publish(lead()).status_code == 202
         assert dispatcher.run_due() == 1
         return subscription["secret"], receiver.received[-1]
     return deliver
