@@ -155,7 +155,7 @@ def enable_subscription(subscription_id: str) -> Subscription:
     """Re-enable an auto-disabled subscription with a clean failure streak. Its dead letters stay
     dead: enabling resends nothing (see replay_dead_letters)."""
     with write_transaction():
-        updated = (Subscription.update(active=True, auto_disabled_at=None, consecutive_failures=0)
+        updated = (Subscription.update(active=True, auto_disabled_at=None, consecutive_failures=0, paused_until=None)
                    .where((Subscription.id == subscription_id) & LIVE).execute())
     if not updated:
         raise OperatorError(f"No subscription {subscription_id!r}.")

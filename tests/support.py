@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from peewee import fn
 
 from app import create_app
 from models import Delivery, Event, Failure, Subscription, db
@@ -247,6 +248,21 @@ LEAD_SCHEMA = {"type": "object", "required": ["lead_id"], "properties": {"lead_i
 def lead(org: str = "acme", **fields) -> dict:
     """A `lead.created` event's publish body, for organization `org`."""
     return {"organization": org, "event": "lead.created", "data": {"lead_id": "ld_1"}, **fields}
+
+
+def run_through_backoffs(dispatcher, clock) -> int:
+    """dispatcher.run_due, again each time the clock is stepped to the end of the hold a failure put
+    its subscription under (partner/concurrency.py: a failing endpoint is held, not hammered), until
+    nothing is held; how many attempts were made."""
+    done = 0
+    while True:
+        done += dispatcher.run_due()
+        with db.connection_context():
+            held = Subscription.select(fn.MAX(Subscription.paused_until)).scalar()
+        now = int(clock() * 1000)
+        if held is None or held <= now:
+            return done
+        clock.advance((held - now) / 1000)
 
 
 def history_of(subscription_id: str) -> list[int]:

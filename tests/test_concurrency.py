@@ -15,7 +15,8 @@ import pytest
 from models import Delivery, Failure, Subscription, db
 from partner.claims import any_due, next_due_at
 from partner.keys import create_key
-from partner.concurrency import Limit, hold_until, narrowed, narrows, widened
+from partner.concurrency import (FIRST_BACKOFF_MS, MAX_BACKOFF_MS, Limit, backoff_until, hold_until, narrowed, narrows,
+                                 widened)
 from partner.outbox import claim_due
 from partner.outcomes import Outcome, write_outcomes
 from partner.outbound.transport import AttemptResult
@@ -122,7 +123,8 @@ def test_the_limit_widens_while_successes_meet_a_backlog_and_narrows_at_once_on_
     assert len(claims) == 16
     record([(claims[0], TIMED_OUT)] + [(claim, OK) for claim in claims[1:]], now + 200)
     assert limit_of(subscription) == (12, 16)
-    assert len(claim_due(now + 200, 64, LEASE)) == 12
+    assert claim_due(now + 200, 64, LEASE) == []  # held for its backoff after the failure
+    assert len(claim_due(now + 200 + FIRST_BACKOFF_MS, 64, LEASE)) == 12
     delivered = Delivery.select().where(Delivery.state == "delivered").order_by(Delivery.seq)
     assert [d.event_id for d in delivered] == queued[:31] + queued[32:47]  # oldest first
 
@@ -172,7 +174,7 @@ def test_a_pinned_subscription_neither_widens_nor_narrows(organization):
     claims = claim_due(NOW, 64, LEASE)
     assert len(claims) == 3
     record([(claims[0], OK), (claims[1], OK), (claims[2], TIMED_OUT)], NOW + 1, draw=0.0)
-    assert len(claim_due(NOW + 2, 64, LEASE)) == 3
+    assert len(claim_due(NOW + 1 + FIRST_BACKOFF_MS, 64, LEASE)) == 3
     assert limit_of(subscription) == (1, None)
 
 
@@ -227,13 +229,13 @@ def test_a_hold_is_never_shortened_by_a_shorter_one(organization):
     assert Subscription.get_by_id(subscription.id).paused_until == NOW + 10 + 30_000
 
 
-def test_a_500_with_retry_after_narrows_but_holds_nothing(organization):
+def test_a_500_with_retry_after_holds_only_for_the_failure_backoff(organization):
     [subscription] = subscriptions(organization("acme"), 1)
     for _ in range(3):
         enqueue_ping(subscription)
     [claim] = claim_due(NOW, 64, LEASE)
     record([(claim, refused(500, "30"))], NOW + 10)
-    assert len(claim_due(NOW + 11, 64, LEASE)) == 1
+    assert len(claim_due(NOW + 10 + FIRST_BACKOFF_MS, 64, LEASE)) == 1  # not the 30 s it asked for
 
 
 @pytest.mark.both_databases
@@ -410,3 +412,28 @@ def runs_of_the_scan(caplog) -> int:
     """How many runs of the scan job the scheduler started or refused."""
     return sum(1 for record in caplog.records if record.name.startswith("apscheduler") and "scan" in
                record.getMessage() and ("Running job" in record.getMessage() or "skipped" in record.getMessage()))
+
+
+# --- a failing endpoint is held, not hammered -----------------------------------------------------
+
+@pytest.mark.parametrize("failures, wait_ms", [(1, 1_000), (2, 2_000), (3, 4_000), (6, 32_000), (7, 60_000),
+                                               (20, 60_000), (10_000, 60_000)])
+def test_the_backoff_doubles_with_the_failures_in_a_row_up_to_a_minute(failures, wait_ms):
+    assert backoff_until(failures, NOW) == NOW + wait_ms
+    assert MAX_BACKOFF_MS == 60_000
+
+
+@pytest.mark.both_databases
+def test_after_a_failure_nothing_more_is_sent_until_the_backoff_ends(organization):
+    [subscription] = subscriptions(organization("acme"), 1)
+    for _ in range(5):
+        enqueue_ping(subscription)
+    [claim] = claim_due(NOW, 64, LEASE)
+    record([(claim, TIMED_OUT)], NOW + 10)
+    assert claim_due(NOW + 10 + FIRST_BACKOFF_MS - 1, 64, LEASE) == []
+    [probe] = claim_due(NOW + 10 + FIRST_BACKOFF_MS, 64, LEASE)
+    record([(probe, TIMED_OUT)], NOW + 20 + FIRST_BACKOFF_MS)
+    assert claim_due(NOW + 20 + 3 * FIRST_BACKOFF_MS - 1, 64, LEASE) == []  # the second waits twice as long
+    [probe] = claim_due(NOW + 20 + 3 * FIRST_BACKOFF_MS, 64, LEASE)
+    record([(probe, OK)], NOW + 30 + 3 * FIRST_BACKOFF_MS)
+    assert len(claim_due(NOW + 31 + 3 * FIRST_BACKOFF_MS, 64, LEASE)) == 1  # a success holds nothing

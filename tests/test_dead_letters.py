@@ -14,7 +14,7 @@ from partner.outbox import MAX_UNRECORDED, Claim, claim_due
 from partner.outbound.transport import AttemptResult
 from partner.retry import RetryPolicy
 from partner.subscriptions import create_subscription
-from tests.support import WEBHOOKS, delivery_of, json_of, record_attempt
+from tests.support import WEBHOOKS, delivery_of, json_of, record_attempt, run_through_backoffs
 
 THRESHOLD = 3
 NOW = 1_800_000_000_000
@@ -32,13 +32,13 @@ def warnings(caplog) -> list[str]:
 @pytest.mark.both_databases
 @pytest.mark.config(WEBHOOK_ALLOWED_NETWORKS=["127.0.0.0/8"], AUTO_DISABLE_THRESHOLD=THRESHOLD)
 def test_an_auto_disable_with_five_pending_deliveries_is_one_line_six_dead_letters_and_no_promise(
-        app, start_receiver, subscribe, ping, failures, caplog):
+        app, start_receiver, subscribe, ping, failures, caplog, clock):
     subscription = subscribe(start_receiver(script=[500]).url)
     events = [json_of(ping(subscription), 202)["id"] for _ in range(6)]
     before = dead_lettered()
     caplog.set_level(logging.INFO, logger="delivery")
-    # Events 1 and 2 fail and wait for their retry; event 3's failure is the third in a row.
-    assert app.extensions["delivery"].run_due() == THRESHOLD
+    # Events 1 and 2 fail and wait for their retry; event 3's failure, after their backoffs, is the third in a row.
+    assert run_through_backoffs(app.extensions["delivery"], clock) == THRESHOLD
     [line] = warnings(caplog)
     assert line == (f"auto-disabled subscription={subscription['id']} organization=acme threshold={THRESHOLD} "
                     f"event={events[2]} dead_lettered=6 (the failing delivery and 5 open ones); "

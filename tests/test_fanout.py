@@ -3,6 +3,7 @@ what happens to one subscription's delivery never touches another's, end to end 
 on 127.0.0.1 and the queue stepped (dispatcher.run_due)."""
 
 import json
+from collections import Counter
 
 import pytest
 
@@ -92,6 +93,7 @@ def test_replaying_one_siblings_dead_letter_sends_it_alone_the_same_bytes(app, d
     assert states(app, event_id) == {dead["id"]: ("dead", 2), delivered["id"]: ("delivered", 1)}
     result = app.test_cli_runner().invoke(args=["deliveries", "replay", "--subscription", dead["id"], "--event", event_id])
     assert result.exit_code == 0 and "Queued 1 " in result.output
+    clock.advance(5)  # past the backoff its last failure holds the subscription for
     assert dispatcher.run_due() == 1
     assert states(app, event_id) == {dead["id"]: ("delivered", 1), delivered["id"]: ("delivered", 1)}
     assert len({r.body for r in receiver.received}) == 1 and len(other.received) == 1
@@ -122,3 +124,45 @@ def test_siblings_claimed_together_are_recorded_apart(app, two, publish, clock):
         record_attempt(claims[ok["id"]], AttemptResult(True, 200, None, "", 1), now, now, POLICY, 0)
         record_attempt(claims[failing["id"]], AttemptResult(False, 500, "http_status", "", 1), now, now, POLICY, 0)
     assert states(app, event_id) == {ok["id"]: ("delivered", 1), failing["id"]: ("pending", 1)}
+
+
+# --- a failing endpoint is held, not hammered (partner/concurrency.py) ------------------------------
+
+def test_a_receiver_down_for_3_s_under_100_events_a_second_loses_nothing(app, dispatcher, start_receiver, subscribe,
+                                                                        publish, clock, client, auth):
+    receiver = start_receiver(script=[500])
+    subscription = subscribe(receiver.url)
+    published = []
+    for _ in range(300):  # 100 events a second for 3 s, the receiver failing every attempt
+        published.append(json_of(publish(lead()), 202)["id"])
+        dispatcher.run_due()
+        clock.advance(0.01)
+    failed_during = len(receiver.received)
+    receiver.script = [200]
+    for _ in range(300):  # it is back: every retry falls due within the schedule's first delay
+        dispatcher.run_due()
+        clock.advance(1)
+    [listed] = client.get(WEBHOOKS, headers=auth).get_json()["data"]
+    assert (listed["active"], listed["consecutive_failures"]) == (True, 0)
+    delivered = Counter(json.loads(r.body)["id"] for r in receiver.received[failed_during:])  # each answered 200
+    assert sorted(delivered) == sorted(published) and set(delivered.values()) == {1}
+    with app.app_context(), db.connection_context():
+        assert Delivery.select().where(Delivery.state != Delivery.DELIVERED).count() == 0  # nothing dead-lettered
+    assert failed_during < 10  # one probe per backoff: 1 + 2 s of holds within the 3 s
+
+
+def test_a_receiver_down_for_good_is_still_auto_disabled_after_20_failures_in_a_row(app, dispatcher, start_receiver,
+                                                                                   subscribe, publish, clock, client,
+                                                                                   auth):
+    receiver = start_receiver(script=[500])
+    subscribe(receiver.url)
+    started = clock()
+    for _ in range(40):  # an event every 30 s, each attempt held by the growing backoff
+        publish(lead())
+        for _ in range(30):
+            dispatcher.run_due()
+            clock.advance(1)
+    [listed] = client.get(WEBHOOKS, headers=auth).get_json()["data"]
+    assert (listed["active"], listed["consecutive_failures"]) == (False, 20)
+    assert len(receiver.received) == 20
+    assert clock() - started > 10 * 60  # not within the first minute of failing, as unheld it would be

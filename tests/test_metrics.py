@@ -7,7 +7,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.receivers import Receiver
-from tests.support import WEBHOOKS
+from tests.support import WEBHOOKS, run_through_backoffs
 
 
 DOCUMENTED_METRICS = {  # name: (type, label names)
@@ -160,11 +160,11 @@ def test_no_label_value_names_an_organization_a_subscription_an_event_or_a_url(
         assert not any(word in label for word in forbidden), label
 
 
-def test_an_auto_disable_is_counted(app, client, auth, failing_receiver):
+def test_an_auto_disable_is_counted(app, client, auth, failing_receiver, clock):
     subscription = client.post(WEBHOOKS, json={"url": failing_receiver.url}, headers=auth).get_json()
     before = value(scrape(client), "partner_subscriptions_auto_disabled_total")
     for _ in range(2):  # AUTO_DISABLE_THRESHOLD=2
         client.post(f"{WEBHOOKS}/{subscription['id']}/test", json={"secret": subscription["secret"]},
                     headers=auth)
-    assert app.extensions["delivery"].run_due() == 2
+    assert run_through_backoffs(app.extensions["delivery"], clock) == 2
     assert value(scrape(client), "partner_subscriptions_auto_disabled_total") == before + 1

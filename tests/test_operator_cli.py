@@ -8,7 +8,7 @@ import pytest
 
 from models import Subscription, db
 from partner.timestamps import iso
-from tests.support import WEBHOOKS, json_of
+from tests.support import WEBHOOKS, json_of, run_through_backoffs
 
 
 
@@ -38,11 +38,11 @@ def run_due(app):
 
 
 @pytest.fixture
-def disabled(subscribe, ping, run_due, recovering_receiver):
+def disabled(app, subscribe, ping, clock, recovering_receiver):
     """A subscription auto-disabled by two failed events, now dead letters; its recovering_receiver now says 200."""
     subscription = subscribe(recovering_receiver.url)
     subscription["events"] = [queued_event(ping, subscription), queued_event(ping, subscription)]
-    assert run_due() == 2
+    assert run_through_backoffs(app.extensions["delivery"], clock) == 2
     return subscription
 
 

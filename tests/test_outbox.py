@@ -317,7 +317,7 @@ def test_attempt_numbers_follow_the_recorded_attempts(subscription):
         claim = claim_one(now)
         assert claim.attempt == attempt
         fail(claim, at=now, policy=RetryPolicy([1] * 6, THRESHOLD))
-        now += 2000
+        now += 5000  # past the retry delay, and past the backoff the failure holds the subscription for
     assert [f.attempt for f in Failure.select().order_by(Failure.attempt)] == [1, 2, 3]
 
 
@@ -477,10 +477,12 @@ def test_deleting_a_subscription_deletes_its_events_deliveries_and_failures(subs
     for target, first_due in ((subscription, NOW), (other_subscription, NOW + 10)):
         for offset in range(3):
             enqueue_ping(target, first_due + offset)
+    at = NOW + 20
     for _ in range(2):  # per subscription, in due order: one retry pending, one dead, one in flight
-        fail(claim_one(NOW + 20))
-        fail(claim_one(NOW + 20), policy=LAST)
-        claim_one(NOW + 20)
+        fail(claim_one(at), at=at)
+        fail(claim_one(at + 5000), at=at + 5000, policy=LAST)  # each after the last failure's backoff
+        claim_one(at + 10_000)
+        at += 15_000
     assert history_of(subscription) == [3, 3, 2]
     assert sorted(d.state for d in Delivery.select()) == ["dead", "dead", "in_flight", "in_flight",
                                                           "pending", "pending"]

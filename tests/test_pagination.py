@@ -13,7 +13,7 @@ import pytest
 
 from models import Organization, Setting, Subscription, db
 from partner.edge.pagination import CURSOR_LIFETIME_MS
-from tests.support import WEBHOOKS, bearer, field_codes, validation_errors
+from tests.support import WEBHOOKS, bearer, field_codes, run_through_backoffs, validation_errors
 
 CLOCK_START = 1_800_000_000.0005  # 2027-01-15T08:00:00.000Z
 URL = "http://93.184.215.14/hook"
@@ -99,11 +99,11 @@ def test_no_reading_of_a_subscriptions_cursor_is_json_or_holds_an_id_a_slug_or_a
 
 @pytest.mark.config(WEBHOOK_ALLOWED_NETWORKS=["127.0.0.0/8"])
 def test_no_reading_of_a_failures_cursor_is_json_or_holds_an_id_a_slug_or_a_time(
-        client, auth, acme_ids, start_receiver, subscribe, ping, dispatcher, failures):
+        client, auth, acme_ids, start_receiver, subscribe, ping, dispatcher, failures, clock):
     failing = subscribe(start_receiver(script=[500]).url)
     ping(failing)
     ping(failing)
-    dispatcher.run_due()
+    run_through_backoffs(dispatcher, clock)
     page = failures(failing, limit=1)
     ids, times = acme_ids()
     every = failures(failing)["data"]

@@ -7,7 +7,7 @@ from partner import retention
 from models import Delivery, Event, Failure, db
 from partner.outbox import claim_due
 from tests.receivers import Receiver
-from tests.support import WEBHOOKS
+from tests.support import WEBHOOKS, run_through_backoffs
 
 DAY = 86400
 
@@ -47,12 +47,13 @@ def history(app, client, auth, clock, receivers):
     clock.advance(4000)  # past the retry delay and its jitter
     dispatcher.run_due()
 
-    clock.now = now - 31 * DAY  # back in time: the old history
+    clock.now = now - 31 * DAY  # back in time: the old history, to subscriptions of its own (the new
+    ok, failing = (pinger(receiver) for receiver in receivers)  # failures' backoffs end in its future)
     ids.update(old_delivered=ok(), old_dead=failing())
     dispatcher.run_due()
     clock.advance(4000)  # past the retry delay and its jitter
     ids["old_pending"] = failing()
-    dispatcher.run_due()  # old_dead's second failure, old_pending's first
+    run_through_backoffs(dispatcher, clock)  # old_dead's second failure, old_pending's first after its backoff
     ids["old_in_flight"] = ok()
     with db.connection_context():
         assert [c.event_id for c in claim_due(int(clock() * 1000), 1, 60_000)] == [ids["old_in_flight"]]

@@ -262,12 +262,14 @@ def test_a_subscriptions_list_cursor_is_not_a_failures_cursor(client, auth, subs
 
 
 def fail_every_due_delivery(app, now_ms: int) -> None:
-    """Record a failed attempt for every due delivery, as the dispatcher would, without sending anything."""
+    """Record a failed attempt for every due delivery, as the dispatcher would, without sending anything:
+    one per subscription at a time, each after the backoff its last failure holds it for (under the retry delay)."""
     with app.app_context(), db.connection_context():
-        while claims := claim_due(now_ms, 100, 40_000):  # one per subscription at a time
+        while claims := claim_due(now_ms, 100, 40_000):
             for claim in claims:
                 record_attempt(claim, AttemptResult(False, 500, "http_status", "", 5), now_ms, now_ms + 5,
                                RetryPolicy([60] * 6, 20), jitter=0)
+            now_ms += 5_000
 
 
 def test_one_subscriptions_failures_cursor_is_refused_for_another(app, client, auth, subscription):
