@@ -16,7 +16,7 @@ from partner.outbox import claim_due
 from models import Delivery, Failure, Subscription, db
 from tests.receivers import Receiver, drip, drip_bytes, hang, read_request
 from partner.timestamps import iso
-from partner.courier import LOOKUP_BUSY_RETRY_SECONDS
+from partner.outbound.dns import LookupsBusy
 from tests.support import SLACK_SECONDS, WEBHOOKS, bearer, counting_scans, eventually, field_codes, json_of, ping_as
 
 DAY = 86400
@@ -358,7 +358,7 @@ def test_an_attempt_no_lookup_could_start_for_is_put_off_not_failed(
         return [r for r in receiver.received if r.headers["Host"].startswith("ours.")]
 
     def delivered() -> bool:
-        clock.advance(LOOKUP_BUSY_RETRY_SECONDS)
+        clock.advance(LookupsBusy.retry_seconds)
         dispatcher.run_due()
         return bool(arrived())
     assert eventually(delivered)
