@@ -61,12 +61,15 @@ class Courier:
                           self.random.random())
         recorded = self._record(outcome)
         log_attempt(outcome, recorded)
+        if recorded.auto_disabled:
+            self.sender.close_idle_to(claim.url)
         return recorded
 
     def _put_off(self, claim: Claim, error: OurResourcesBusy) -> Recorded:
-        """What the attempt needed of this process was taken (errors.OurResourcesBusy): a lookup of
-        the claim's host could not start (its tenant's own lookups, or every thread, held by lookups
-        still running: partner/outbound/dns.py). Nothing was sent, so nothing is counted against the
+        """What the attempt needed of this process was taken: a lookup of the claim's host could not
+        start (its tenant's own lookups, or every thread, held by lookups still running:
+        partner/outbound/dns.py), or no socket could be had (the descriptor budget spent, or none left:
+        partner/outbound/sockets.py). Nothing was sent, so nothing is counted against the
         subscription: the delivery is given back, due again in `error.retry_seconds`. Should that write
         fail (the database down), the lease runs out and the delivery is taken again then, counted as an
         attempt whose outcome was not recorded, as any attempt an outage cuts short."""

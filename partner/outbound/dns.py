@@ -36,7 +36,8 @@ timeouts. Three rules now, in the order a lookup meets them:
 LookupsBusy is not a verdict on the name, so its callers never treat it as one: a create answers 503
 `service_unavailable` with Retry-After (edge/problems.py), nothing changed; a delivery attempt is
 given back uncounted, due again a few seconds later (partner/courier.py): no lookup, so no attempt,
-was made: it is one of errors.OurResourcesBusy. The bounds hold per process, as the pools do.
+was made. It is one of errors.OurResourcesBusy, as a socket the descriptor budget refuses is
+(sockets.py). The bounds hold per process, as the pools do.
 """
 
 from __future__ import annotations
