@@ -176,9 +176,9 @@ def list_webhooks():
 @api.delete("/webhooks/<subscription_id>")
 @require_scope(WEBHOOKS_MANAGE)
 def delete_webhook(subscription_id: str):
-    delete_subscription(find_subscription(g.caller.organization.id, subscription_id),
-                        now_ms(current_app.config["CLOCK"]))
-    current_app.extensions["delivery"].purge_soon()
+    subscription = find_subscription(g.caller.organization.id, subscription_id)
+    delete_subscription(subscription, now_ms(current_app.config["CLOCK"]))
+    current_app.extensions["delivery"].deleted(subscription.url)
     return "", 204
 
 

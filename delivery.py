@@ -101,14 +101,17 @@ class Dispatcher:
         self._queued.set()
         self.jobs.run_soon(SCAN_JOB)
 
-    def purge_soon(self) -> None:
-        """Purge deleted subscriptions now rather than at the next run: one was just deleted."""
+    def deleted(self, url: str) -> None:
+        """A subscription to `url` was just deleted: its idle connections close now, and deleted
+        subscriptions are purged now rather than at the next run."""
+        self.courier.sender.close_idle_to(url)
         self.jobs.run_soon(retention.PURGE_JOB)
 
     # --- scanning ------------------------------------------------------------------------------
 
     def scan(self) -> int:
         """Claim due deliveries into the free slots and start them; returns how many started."""
+        self.courier.sender.close_idle()  # at each poll at least: idle connections age while nothing is sent
         if self._stopping.is_set() or time.monotonic() < self._next_scan_at:
             return 0
         reserved, failing = self._reserve_slots()

@@ -9,7 +9,7 @@ import random
 import threading
 import time
 
-from partner.outbound.dns import LookupsBusy
+from partner.errors import OurResourcesBusy
 from partner.outbound.sender import Sender
 from partner.outbox import Claim, put_off
 from partner.outcomes import NOT_RECORDED, Outcome, Recorded, write_outcomes
@@ -28,11 +28,6 @@ LEASE_MARGIN_SECONDS = 30
 # An outcome that could not be written is written again after these pauses (seconds), while the
 # lease lasts, rather than the attempt being made again when the lease expires.
 RECORD_RETRY_SECONDS = (0.5, 1, 2, 4, 8)
-# A delivery whose host's lookup could not start is due again this much later (seconds). Lookups that
-# fill a bound are slow ones, and one stuck on a name that never answers ends with the resolver's
-# first timeout (5 s) at the soonest: asked sooner, the bound is still full, and every refusal costs
-# a claim and a write (an organization with 100 dead names pinged: 160 a second at 1 s).
-LOOKUP_BUSY_RETRY_SECONDS = 5
 
 
 class Courier:
@@ -61,26 +56,30 @@ class Courier:
         attempted_at = now_ms(self.clock)
         try:
             result = self.sender.send(claim, attempted_at)
-        except LookupsBusy as error:
+        except OurResourcesBusy as error:
             return self._put_off(claim, error)
         metrics.observe_lag(claim, attempted_at)  # an attempt was made (a put-off one was not)
         outcome = Outcome(claim, result, attempted_at, now_ms(self.clock), self.random.uniform(0, MAX_JITTER),
                           self.random.random())
         recorded = self._record(outcome)
         log_attempt(outcome, recorded)
+        if recorded.auto_disabled:
+            self.sender.close_idle_to(claim.url)
         return recorded
 
-    def _put_off(self, claim: Claim, error: LookupsBusy) -> Recorded:
-        """No lookup of the claim's host could start: its tenant's own lookups, or every thread, held
-        by lookups still running (partner/outbound/dns.py). Nothing was sent, so nothing is counted
-        against the subscription: the delivery is given back, due again in LOOKUP_BUSY_RETRY_SECONDS.
-        Should that write fail (the database down), the lease runs out and the delivery is taken again
-        then, counted as an attempt whose outcome was not recorded, as any attempt an outage cuts short."""
-        due_ms = now_ms(self.clock) + to_ms(LOOKUP_BUSY_RETRY_SECONDS)
+    def _put_off(self, claim: Claim, error: OurResourcesBusy) -> Recorded:
+        """What the attempt needed of this process was taken: a lookup of the claim's host could not
+        start (its tenant's own lookups, or every thread, held by lookups still running:
+        partner/outbound/dns.py), or no socket could be had (the descriptor budget spent, or none left:
+        partner/outbound/sockets.py). Nothing was sent, so nothing is counted against the
+        subscription: the delivery is given back, due again in `error.retry_seconds`. Should that write
+        fail (the database down), the lease runs out and the delivery is taken again then, counted as an
+        attempt whose outcome was not recorded, as any attempt an outage cuts short."""
+        due_ms = now_ms(self.clock) + to_ms(error.retry_seconds)
         with db.connection_context():
             put_off(claim, due_ms)
-        log.info("delivery event=%s subscription=%s not attempted: DNS lookup not started (%s); due again "
-                 "in %s s", claim.event_id, claim.subscription_id, error, LOOKUP_BUSY_RETRY_SECONDS)
+        log.info("delivery event=%s subscription=%s not attempted: %s (%s); due again in %s s",
+                 claim.event_id, claim.subscription_id, error.what, error, error.retry_seconds)
         return NOT_RECORDED
 
     def _record(self, outcome: Outcome) -> Recorded:

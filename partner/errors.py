@@ -1,5 +1,5 @@
-"""The errors the domain raises: one type that knows its HTTP response, the operator's refusal, and the
-service's refusal to start."""
+"""The errors the domain raises: one type that knows its HTTP response, the operator's refusal, the
+service's refusal to start, and a resource of ours too busy to attempt a delivery."""
 
 
 class ApiError(Exception):
@@ -45,3 +45,12 @@ APP_LOAD_ERROR = 4
 class StartRefused(Exception):
     """The service cannot start with this configuration or database; create_app has said why in one
     line of the log."""
+
+
+class OurResourcesBusy(Exception):
+    """Something this process has only so much of (lookup threads, descriptors) is taken: the attempt
+    that needed it was not made, so it is put off `retry_seconds`, never counted against the partner
+    (partner/courier.py). `what` names the resource in the log line."""
+
+    what = "a resource of this process busy"
+    retry_seconds: float = 1

@@ -15,7 +15,7 @@ from models import db
 from partner import sealing
 from partner.store.connection import SQLITE_PRAGMAS
 from tests.contract import ContractClient
-from tests.receivers import RawServer, Receiver
+from tests.receivers import KeepAlivePorts, RawServer, Receiver
 from tests.support import (ENCRYPTION_KEYS, EVENTS, LEAD_SCHEMA, started_app, PUBLIC_IP, WEBHOOKS, FakeClock,
                            StubResolver, bearer, json_of)
 
@@ -265,6 +265,20 @@ def start_receiver():
     yield start
     for receiver in started:
         receiver.stop()
+
+
+@pytest.fixture
+def keep_alive_ports():
+    """Start KeepAlivePorts (tests/receivers.py): keep_alive_ports(count, delay=0.5); all stop at teardown."""
+    started: list[KeepAlivePorts] = []
+
+    def start(*args, **options) -> KeepAlivePorts:
+        started.append(KeepAlivePorts(*args, **options))
+        return started[-1]
+
+    yield start
+    for ports in started:
+        ports.stop()
 
 
 @pytest.fixture

@@ -1,5 +1,6 @@
 """A real gunicorn as `make run` starts it, for the tests where process behaviour matters: the
-fixtures server_env, smoke_key, gunicorn and session, and the Gunicorn process handle."""
+fixtures server_env, smoke_key, gunicorn and session, the Gunicorn process handle, and partners
+calling it (Partner, PingLoad)."""
 
 import json
 import os
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.support import ENCRYPTION_KEYS, eventually, free_port, open_database
+from tests.support import ENCRYPTION_KEYS, WEBHOOKS, bearer, eventually, free_port, open_database
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent  # the virtualenv the suite runs in: gunicorn and flask live beside python
@@ -62,15 +63,22 @@ def smoke_key(server_env):
 
 
 class Gunicorn:
-    def __init__(self, env, log_dir: Path, app_module: str = "wsgi:app"):
+    """`launcher`: what runs gunicorn, as for run_flask (e.g. `open_files_limit(1024)`)."""
+
+    def __init__(self, env, log_dir: Path, app_module: str = "wsgi:app", launcher: tuple[str, ...] = ()):
         self.port = int(env["PORT"])
         self.base_url = f"http://127.0.0.1:{self.port}"
         log_dir.mkdir(parents=True, exist_ok=True)
         self.out_path, self.err_path = log_dir / "gunicorn.out", log_dir / "gunicorn.err"
         with open(self.out_path, "wb") as out, open(self.err_path, "wb") as err:
             # No control socket: it would live in $HOME and be shared with any other gunicorn.
-            self.process = subprocess.Popen([BIN / "gunicorn", "--no-control-socket", app_module],
+            self.process = subprocess.Popen([*launcher, BIN / "gunicorn", "--no-control-socket", app_module],
                                             cwd=ROOT, env=env, stdout=out, stderr=err)
+
+    def worker_pids(self) -> list[int]:
+        """The master's children: its workers."""
+        pid = self.process.pid
+        return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
 
     def output(self) -> tuple[str, str]:
         return self.out_path.read_text(), self.err_path.read_text()
@@ -95,6 +103,13 @@ class Gunicorn:
         return self.process.wait(timeout=STOP_SECONDS)
 
 
+def open_files_limit(descriptors: int) -> tuple[str, ...]:
+    """A launcher that runs its command with RLIMIT_NOFILE at `descriptors`, as systemd's LimitNOFILE= does."""
+    return (sys.executable, "-c", "import os, resource, sys; "
+            f"resource.setrlimit(resource.RLIMIT_NOFILE, ({descriptors}, {descriptors})); "
+            "os.execv(sys.argv[1], sys.argv[1:])")
+
+
 @pytest.fixture
 def gunicorn(server_env, smoke_key, tmp_path):
     server = Gunicorn(server_env, tmp_path)
@@ -111,6 +126,44 @@ def session():
         # No idle keep-alive connection for a graceful stop to wait out.
         http.headers["Connection"] = "close"
         yield http
+
+
+class Partner:
+    """One organization's calls to the live service, on a session per thread (loopback only)."""
+
+    def __init__(self, base_url: str, key: str):
+        self.base_url, self.key = base_url, key
+        self.api = base_url + WEBHOOKS
+        self._local = threading.local()
+
+    @property
+    def http(self) -> requests.Session:
+        if not hasattr(self._local, "http"):
+            self._local.http = _http()
+            self._local.http.headers.update(bearer(self.key))
+        return self._local.http
+
+    def create(self, url: str) -> requests.Response:
+        return self.http.post(self.api, json={"url": url}, timeout=10)
+
+    def subscribe(self, url: str) -> dict:
+        response = self.create(url)
+        assert response.status_code == 201, response.text
+        return response.json()
+
+    def ping(self, subscription: dict) -> str:
+        response = self.http.post(f"{self.api}/{subscription['id']}/test", timeout=10,
+                                  json={"secret": subscription["secret"]})
+        assert response.status_code == 202, response.text
+        return response.json()["id"]
+
+    def delete(self, subscription: dict) -> None:
+        assert self.http.delete(f"{self.api}/{subscription['id']}", timeout=10).status_code == 204
+
+    def get(self, path: str) -> dict:
+        response = self.http.get(self.api + path, timeout=10)
+        assert response.status_code == 200, response.text
+        return response.json()
 
 
 class PingLoad:

@@ -1,15 +1,21 @@
 """Real receivers on loopback for delivery tests: HTTP ones that record what arrives and answer as
-told, and raw-socket ones (RawServer) that misbehave below HTTP."""
+told, raw-socket ones (RawServer) that misbehave below HTTP, and keep-alive ports by the hundred
+(KeepAlivePorts)."""
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import re
+import selectors
 import socket
 import ssl
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from tests.support import eventually
@@ -184,3 +190,80 @@ def read_request(conn: socket.socket) -> bytes | None:
     while len(body) < length:
         body += conn.recv(65536)
     return head
+
+
+class KeepAlivePorts:
+    """HTTP/1.1 receivers on `count` loopback ports, all served by one thread (selectors), for tests
+    that hold hundreds of connections at once: each keeps every connection open, as most partners do,
+    and answers each request `status` after `delay` seconds, so attempts sent together overlap.
+    `events` holds the X-VC-Event-Id of each request answered; `open` counts the connections held,
+    `accepted` those accepted on each port."""
+
+    def __init__(self, count: int = 1, delay: float = 0.0, status: int = 200):
+        self.delay, self.events, self.open, self.accepted = delay, [], 0, Counter()
+        self._answer = f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\nContent-Length: 2\r\n\r\nok".encode()
+        self.listeners = [socket.create_server(("127.0.0.1", 0), backlog=1024) for _ in range(count)]
+        self.ports = [listener.getsockname()[1] for listener in self.listeners]
+        self.stopped = threading.Event()
+        self._selector = selectors.DefaultSelector()
+        for listener in self.listeners:
+            listener.setblocking(False)
+            self._selector.register(listener, selectors.EVENT_READ)
+        self._due: list[tuple[float, int, socket.socket, bytes]] = []  # answers waiting for their time
+        self._order = itertools.count()  # ties in _due never compare sockets
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self._thread.join(timeout=5)
+        for key in list(self._selector.get_map().values()):
+            key.fileobj.close()
+        self._selector.close()
+
+    def _serve(self) -> None:
+        while not self.stopped.is_set():
+            wait = min(0.05, max(0.0, self._due[0][0] - time.monotonic())) if self._due else 0.05
+            for key, _ in self._selector.select(wait):
+                if key.fileobj in self.listeners:
+                    self._accept(key.fileobj)
+                else:
+                    self._read(key.fileobj, key.data)
+            while self._due and self._due[0][0] <= time.monotonic():
+                _, _, conn, event = heapq.heappop(self._due)
+                try:
+                    conn.sendall(self._answer)
+                    self.events.append(event.decode())
+                except OSError:
+                    pass  # the client gave up on it
+
+    def _accept(self, listener: socket.socket) -> None:
+        try:
+            conn, _ = listener.accept()
+        except BlockingIOError:
+            return
+        conn.setblocking(True)  # a 40-byte answer never fills the buffer; reads wait for select
+        self._selector.register(conn, selectors.EVENT_READ, bytearray())
+        self.open += 1
+        self.accepted[listener.getsockname()[1]] += 1
+
+    def _read(self, conn: socket.socket, buffer: bytearray) -> None:
+        try:
+            chunk = conn.recv(65536)
+        except OSError:
+            chunk = b""
+        if not chunk:
+            self._selector.unregister(conn)
+            conn.close()
+            self.open -= 1
+            return
+        buffer += chunk
+        while b"\r\n\r\n" in buffer:
+            head, _, rest = bytes(buffer).partition(b"\r\n\r\n")
+            length = int(re.search(rb"(?i)\r\ncontent-length: *([0-9]+)", head)[1])
+            if len(rest) < length:
+                return
+            event = re.search(rb"(?i)\r\nx-vc-event-id: *([^\r]*)", head)
+            heapq.heappush(self._due, (time.monotonic() + self.delay, next(self._order), conn,
+                                       event[1] if event else b""))
+            del buffer[:len(head) + 4 + length]

@@ -15,6 +15,7 @@ import yaml
 from partner.config import DEFAULTS, SEAMS
 from partner.edge.pagination import DEFAULT_LIMIT, MAX_LIMIT
 from partner.keys import DEFAULT_RATE_LIMIT
+from partner.outbound import sockets
 from partner.safe_text import EXCERPT_BYTES
 from partner.subscriptions import MAX_SUBSCRIPTIONS
 
@@ -76,6 +77,15 @@ STATED = [
     ("deploy/systemd/partner.service", r"PARTNER_DELIVERY_TIMEOUT, (\d+) s by default", int,
      DEFAULTS["DELIVERY_TIMEOUT"]),
     ("schema.sql", r'"rate_limit_per_minute" INTEGER NOT NULL DEFAULT (\d+)', int, DEFAULT_RATE_LIMIT),
+    ("docs/operations.md", r"at most \*\*(\d+) idle connections\*\* in all", int, sockets.MOST_IDLE),
+    ("docs/operations.md", r"none kept idle longer than \*\*(\d+) s\*\*", int, sockets.IDLE_SECONDS),
+    ("docs/operations.md", r"read once, at start\), less \*\*(\d+)\*\*", int, sockets.RESERVE),
+    ("docs/deploying.md", r"at most (\d+) idle partner connections", int, sockets.MOST_IDLE),
+    ("docs/deploying.md", r"idle partner connections \((\d+) s each", int, sockets.IDLE_SECONDS),
+    ("docs/deploying.md", r"`LimitNOFILE` less (\d+) kept", int, sockets.RESERVE),
+    ("deploy/systemd/partner.service", r"at most (\d+) idle partner connections", int, sockets.MOST_IDLE),
+    ("deploy/systemd/partner.service", r"idle partner connections \((\d+) s each", int, sockets.IDLE_SECONDS),
+    ("deploy/systemd/partner.service", r"this limit less (\d+) for", int, sockets.RESERVE),
 ]
 
 

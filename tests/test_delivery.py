@@ -16,7 +16,8 @@ from partner.outbox import claim_due
 from models import Delivery, Failure, Subscription, db
 from tests.receivers import Receiver, drip, drip_bytes, hang, read_request
 from partner.timestamps import iso
-from partner.courier import LOOKUP_BUSY_RETRY_SECONDS
+from partner.outbound.sockets import SocketsBusy
+from partner.outbound.dns import LookupsBusy
 from tests.support import (SLACK_SECONDS, WEBHOOKS, bearer, counting_scans, delivery_of, eventually, field_codes,
                            json_of, ping_as)
 
@@ -363,11 +364,53 @@ def test_an_attempt_no_lookup_could_start_for_is_put_off_not_failed(
         return [r for r in receiver.received if r.headers["Host"].startswith("ours.")]
 
     def delivered() -> bool:
-        clock.advance(LOOKUP_BUSY_RETRY_SECONDS)
+        clock.advance(LookupsBusy.retry_seconds)
         dispatcher.run_due()
         return bool(arrived())
     assert eventually(delivered)
     assert ([r.headers["X-VC-Attempt"] for r in arrived()], failures(ours)["data"]) == (["1"], [])
+
+
+def test_an_attempt_no_socket_could_be_had_for_is_put_off_not_failed(
+        receiver, subscribe, ping, dispatcher, failures, listed, clock):
+    sockets = dispatcher.courier.sender.transport.sockets
+    budget, sockets.most_open = sockets.most_open, 0  # every descriptor of the budget taken
+    subscription = subscribe(receiver.url)
+    ping(subscription)
+    dispatcher.run_due()
+    assert (failures(subscription)["data"], listed(subscription)["consecutive_failures"], receiver.received) == (
+        [], 0, [])
+
+    sockets.most_open = budget
+    clock.advance(SocketsBusy.retry_seconds)
+    assert dispatcher.run_due() == 1
+    assert ([r.headers["X-VC-Attempt"] for r in receiver.received], failures(subscription)["data"]) == (["1"], [])
+
+
+def test_deleting_a_subscription_closes_its_idle_connections(
+        keep_alive_ports, subscribe, ping, dispatcher, client, auth):
+    receivers = keep_alive_ports()
+    subscription = subscribe(f"http://127.0.0.1:{receivers.ports[0]}/hook")
+    ping(subscription)
+    dispatcher.run_due()
+    assert receivers.open == 1
+
+    assert client.delete(f"{WEBHOOKS}/{subscription['id']}", headers=auth).status_code == 204
+
+    assert dispatcher.courier.sender.transport.sockets.idle == 0
+    assert eventually(lambda: receivers.open == 0)
+
+
+@pytest.mark.config(AUTO_DISABLE_THRESHOLD=1)
+def test_an_auto_disabled_subscriptions_idle_connections_close(keep_alive_ports, subscribe, ping, dispatcher, listed):
+    receivers = keep_alive_ports(status=500)
+    subscription = subscribe(f"http://127.0.0.1:{receivers.ports[0]}/hook")
+    ping(subscription)
+    dispatcher.run_due()
+
+    assert listed(subscription)["active"] is False
+    assert dispatcher.courier.sender.transport.sockets.idle == 0
+    assert eventually(lambda: receivers.open == 0)
 
 
 @pytest.mark.parametrize("answer, detail", [

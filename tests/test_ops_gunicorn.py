@@ -72,9 +72,9 @@ def test_metrics_counted_across_two_workers_add_up_and_outlive_a_worker(start_gu
     assert sum(1 for count in per_worker.values() if count) == 2, per_worker
     for _ in range(4):  # whichever worker answers the scrape reports every worker's requests
         assert healthz_count(session.get(server.base_url + "/metrics", timeout=5).text) == served
-    workers = worker_pids(server)
+    workers = server.worker_pids()
     os.kill(workers[0], signal.SIGKILL)  # gunicorn starts another in its place
-    assert eventually(lambda: set(worker_pids(server)) - set(workers))
+    assert eventually(lambda: set(server.worker_pids()) - set(workers))
     for _ in range(4):  # the dead worker's counts are still counted
         assert healthz_count(session.get(server.base_url + "/metrics", timeout=5).text) == served
     assert server.stop() == 0
@@ -97,11 +97,6 @@ def test_preloaded_workers_count_their_deliveries(start_gunicorn, session, smoke
                 if sample.name == "partner_delivery_attempts_total" and sample.labels["outcome"] == "delivered"]
     assert eventually(lambda: delivered() == [10.0]), delivered()
     assert server.stop() == 0
-
-
-def worker_pids(server: Gunicorn) -> list[int]:
-    pid = server.process.pid
-    return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
 
 
 def test_json_log_lines_parse_and_carry_the_request_id(start_gunicorn, session, smoke_key, receiver):

@@ -7,41 +7,15 @@ import threading
 import time
 
 import pytest
-import requests
 
-from tests.gunicorn_server import STOP_SECONDS, Gunicorn, flask
-from tests.support import WEBHOOKS, bearer, eventually, open_database
+from tests.gunicorn_server import STOP_SECONDS, Gunicorn, Partner, flask
+from tests.support import eventually, open_database
 
 CREATES_IN_FLIGHT = 12
 # More than release 1.2's 32 delivery lookup threads: their attempts' lookups would take every one.
 LAME_SUBSCRIPTIONS = 40
 PARTNER_CREATES = 10
 ANSWERED_AT_ONCE = 0.1  # seconds: a refusal this quick is followed by a pause, as a client would
-
-
-class Partner:
-    """One organization's calls to the live service, on a session of its own (loopback only)."""
-
-    def __init__(self, base_url: str, key: str):
-        self.base_url, self.key = base_url, key
-        self.api = base_url + WEBHOOKS
-        self.http = requests.Session()
-        self.http.trust_env = False
-        self.http.headers.update(bearer(key))
-
-    def create(self, url: str) -> requests.Response:
-        return self.http.post(self.api, json={"url": url}, timeout=10)
-
-    def ping(self, subscription: dict) -> str:
-        response = self.http.post(f"{self.api}/{subscription['id']}/test", timeout=10,
-                                  json={"secret": subscription["secret"]})
-        assert response.status_code == 202, response.text
-        return response.json()["id"]
-
-    def get(self, path: str) -> dict:
-        response = self.http.get(self.api + path, timeout=10)
-        assert response.status_code == 200, response.text
-        return response.json()
 
 
 @pytest.fixture
@@ -73,11 +47,10 @@ def test_names_that_never_answer_leave_another_organizations_creates_and_deliver
         attacker.ping(subscription)
     stop, answers = threading.Event(), []
 
-    def keep_creating(n: int) -> None:
-        creator = Partner(attacker.base_url, attacker.key)
+    def keep_creating(n: int) -> None:  # on a session of its own (Partner: one per thread)
         while not stop.is_set():
             started = time.monotonic()
-            answers.append(creator.create(receiver.url_for(f"c{n}.dead.bench.test")))
+            answers.append(attacker.create(receiver.url_for(f"c{n}.dead.bench.test")))
             if time.monotonic() - started < ANSWERED_AT_ONCE:
                 stop.wait(ANSWERED_AT_ONCE)
 

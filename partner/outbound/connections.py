@@ -1,13 +1,17 @@
-"""Connections to partners: urllib3 makes and keeps them; we add the one thing it cannot do, a
-deadline per attempt.
+"""Connections to partners: urllib3 makes and keeps them; we add what it cannot do, a deadline per
+attempt and a bound on the sockets they hold.
 
 urllib3 keeps the connections: one pool per (scheme, vetted address, port, TLS server name), at
 most MAX_TARGETS pools (the least recently used closes), each keeping as many idle connections as
 there are delivery threads; a connection the partner closed while idle is noticed and redialled
 before use. For https it verifies the certificate against `server_hostname` (the URL's host, also
-sent as SNI) whatever address was dialled. What it does not do: bound idle sockets per process
-(at worst MAX_TARGETS x threads, in practice those of the partners served at once) or expire them
-(one the partner closed holds its descriptor until its pool is next used or evicted).
+sent as SNI) whatever address was dialled.
+
+What it does not do is bound idle sockets per process or expire them: the process's `Sockets`
+(sockets.py) does, told by the pools' queues of idle connections and by each connection as it dials
+and closes. A dial that meets EMFILE or ENFILE is SocketsBusy too: the process's failure, not the
+partner's. A deleted or auto-disabled subscription's idle connections close at once
+(PartnerPools.close_idle_to).
 
 urllib3, like requests and httpx, times out per phase: every recv gets the full read timeout again,
 so a partner dripping a byte a second could hold a thread for ever. Every socket we hand it is a
@@ -18,6 +22,7 @@ obeys the new attempt's deadline, and every byte a partner sends shrinks the nex
 
 from __future__ import annotations
 
+import errno
 import functools
 import socket
 import ssl
@@ -28,7 +33,10 @@ import certifi
 from urllib3 import HTTPConnectionPool, HTTPSConnectionPool, PoolManager
 from urllib3.connection import HTTPConnection, HTTPSConnection
 
-MAX_TARGETS = 64  # pools kept per process, one per partner address: each holds its idle sockets
+from partner.outbound.sockets import IdleQueue, Sockets, SocketsBusy
+
+MAX_TARGETS = 64  # pools kept per process, one per partner address
+_OUT_OF_DESCRIPTORS = (errno.EMFILE, errno.ENFILE)
 _CORK = getattr(socket, "TCP_CORK", None)  # Linux; elsewhere each write leaves at once
 
 
@@ -63,12 +71,23 @@ def client_tls_context(ca_bundle: str = "") -> ssl.SSLContext:
     return context
 
 
-def partner_pools(tls: ssl.SSLContext, connections_per_target: int) -> PoolManager:
-    """The process's pools: no retries (the transport decides), no proxy (a PoolManager reads none)."""
-    pools = PoolManager(num_pools=MAX_TARGETS, maxsize=connections_per_target, retries=False,
-                        ssl_context=tls)
-    pools.pool_classes_by_scheme = {"http": _HTTPPool, "https": _HTTPSPool}
-    return pools
+class PartnerPools(PoolManager):
+    """The process's pools, counted in `sockets`: no retries (the transport decides), no proxy (a
+    PoolManager reads none)."""
+
+    def __init__(self, tls: ssl.SSLContext, connections_per_target: int, sockets: Sockets) -> None:
+        super().__init__(num_pools=MAX_TARGETS, maxsize=connections_per_target, retries=False, ssl_context=tls)
+        self.pool_classes_by_scheme = {"http": functools.partial(_HTTPPool, sockets=sockets),
+                                       "https": functools.partial(_HTTPSPool, sockets=sockets)}
+
+    def close_idle_to(self, scheme: str, host: str, port: int) -> None:
+        """Close the idle connections to (scheme, host, port), at whichever address: its subscription
+        is gone. Attempts under way keep theirs, and the pools stay for them."""
+        for key in self.pools.keys():
+            if (key.key_scheme, key.key_server_hostname, key.key_port) == (scheme, host, port):
+                pool = self.pools.get(key)
+                for conn in pool.pool.take_back() if pool and pool.pool else ():
+                    conn.close()
 
 
 def _arm(sock: socket.socket) -> None:
@@ -121,11 +140,30 @@ class _DeadlineTLSSocket(_DeadlineSocketMixin, ssl.SSLSocket):
 
 
 class _DeadlineConnectionMixin:
-    """A urllib3 connection whose socket is a deadline socket."""
+    """A urllib3 connection whose socket is a deadline socket, counted in `sockets` while it is open."""
 
     dialled_phase = "request"  # what follows the TCP connect
 
+    def __init__(self, *args: Any, sockets: Sockets, **kwargs: Any) -> None:
+        self.sockets = sockets
+        super().__init__(*args, **kwargs)
+
     def _new_conn(self) -> socket.socket:
+        self.sockets.opening()
+        try:
+            return self._dial()
+        except BaseException as error:
+            self.sockets.closed()
+            if isinstance(error.__cause__, OSError) and error.__cause__.errno in _OUT_OF_DESCRIPTORS:
+                raise SocketsBusy(f"no descriptor for a socket: {error.__cause__.strerror}") from error
+            raise
+
+    def close(self) -> None:
+        if self.sock is not None:  # type: ignore[attr-defined]
+            self.sockets.closed()
+        super().close()  # type: ignore[misc]
+
+    def _dial(self) -> socket.socket:
         # urllib3 dials the pool's host, a vetted IP literal: there is no name to resolve.
         plain: socket.socket = super()._new_conn()  # type: ignore[misc]
         attempt.dialled = True
@@ -151,9 +189,24 @@ class _HTTPSConnection(_DeadlineConnectionMixin, HTTPSConnection):
     dialled_phase = "TLS handshake"  # urllib3 wraps the socket next; the handshake calls no recv of ours
 
 
-class _HTTPPool(HTTPConnectionPool):
+class _PoolMixin:
+    """A urllib3 pool whose idle connections and sockets are counted in `sockets`."""
+
+    def __init__(self, host: str, port: int | None = None, *, sockets: Sockets, **kwargs: Any) -> None:
+        self.sockets = sockets  # before urllib3 makes the queue (_new_pool_queue)
+        super().__init__(host, port, sockets=sockets, **kwargs)  # type: ignore[call-arg]  # and each connection
+
+    def _new_pool_queue(self, maxsize: int) -> IdleQueue:
+        return IdleQueue(self.sockets, maxsize)
+
+    def _put_conn(self, conn: HTTPConnection | None) -> None:
+        super()._put_conn(conn)  # type: ignore[misc]
+        self.sockets.close_idle()  # the budget and the age of idle connections, checked as each comes back
+
+
+class _HTTPPool(_PoolMixin, HTTPConnectionPool):
     ConnectionCls = _HTTPConnection
 
 
-class _HTTPSPool(HTTPSConnectionPool):
+class _HTTPSPool(_PoolMixin, HTTPSConnectionPool):
     ConnectionCls = _HTTPSConnection

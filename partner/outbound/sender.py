@@ -1,7 +1,8 @@
 """Sending one attempt of a claimed delivery: vet its URL again (DNS may have changed since it was
 registered), sign the body, and POST it to a vetted address, all within one deadline: a lookup that
-does not answer in time is a timeout like any other. A lookup that cannot start (dns.LookupsBusy) is
-raised to the caller: no attempt was made."""
+does not answer in time is a timeout like any other. A lookup or a socket that cannot be had
+(dns.LookupsBusy, sockets.SocketsBusy: errors.OurResourcesBusy) is raised to the caller: no
+attempt was made."""
 
 import signing
 from partner.outbound import causes, ssrf
@@ -27,8 +28,8 @@ class Sender:
         self.timeout = config["DELIVERY_TIMEOUT"]
 
     def send(self, claim, now_ms: int) -> AttemptResult:
-        """POST `claim` (an outbox.Claim), signed at `now_ms`; LookupsBusy if its host's lookup
-        cannot start."""
+        """POST `claim` (an outbox.Claim), signed at `now_ms`; OurResourcesBusy if its host's lookup
+        cannot start or no socket can be had."""
         deadline = Deadline(self.timeout)
         resolve = self.lookups.resolver_for(claim.organization_id, deadline.remaining)
         try:
@@ -47,3 +48,14 @@ class Sender:
             "X-VC-Attempt": str(claim.attempt),
         }
         return self.transport.post(target, claim.body, headers, deadline)
+
+    def close_idle(self) -> None:
+        """Close the connections idle too long or beyond the budget (sockets.Sockets)."""
+        self.transport.sockets.close_idle()
+
+    def close_idle_to(self, url: str) -> None:
+        """Close the idle connections to `url`'s scheme, host and port: its subscription is gone."""
+        try:
+            self.transport.pools.close_idle_to(*ssrf.origin(url))
+        except ssrf.UnsafeUrl:  # a URL refused now was never dialled
+            pass

@@ -155,6 +155,12 @@ def check_url(url: str, resolve: Resolver = system_resolver,
                   request_target=request_target, addresses=addresses)
 
 
+def origin(url: str) -> tuple[str, str, int]:
+    """The scheme, host (as a Target's) and port of `url`, without a lookup; UnsafeUrl if malformed."""
+    scheme, raw_host, bracketed, port = _split(url)
+    return scheme, _classify_host(raw_host, bracketed)[0], port or SCHEMES[scheme]
+
+
 def _invalid(message: str) -> UnsafeUrl:
     return UnsafeUrl("invalid_url", message)
 

@@ -40,7 +40,8 @@ from urllib3.exceptions import ConnectTimeoutError, HTTPError
 
 from partner import safe_text
 from partner.outbound import causes
-from partner.outbound.connections import attempt, client_tls_context, partner_pools
+from partner.outbound.connections import PartnerPools, attempt, client_tls_context
+from partner.outbound.sockets import Sockets
 from partner.outbound.ssrf import SCHEMES, Target
 
 MAX_RESPONSE_BYTES = 65536
@@ -100,17 +101,19 @@ class _Reply:
 
 class Transport:
     """Sends attempts; one per process, shared by every delivery thread (at most
-    `connections_per_target` of them: each partner address keeps that many idle connections)."""
+    `connections_per_target` of them: each partner address keeps up to that many idle connections,
+    all of them together `sockets.most_idle`)."""
 
-    def __init__(self, ca_bundle: str = "", connections_per_target: int = 64) -> None:
+    def __init__(self, ca_bundle: str = "", connections_per_target: int = 64, sockets: Sockets | None = None) -> None:
         self.tls = client_tls_context(ca_bundle)
-        self.pools = partner_pools(self.tls, connections_per_target)
+        self.sockets = sockets or Sockets()
+        self.pools = PartnerPools(self.tls, connections_per_target, self.sockets)
 
     def post(self, target: Target, body: bytes, headers: Mapping[str, str],
              deadline: Deadline) -> AttemptResult:
         """POST body to target before the deadline, as an AttemptResult (its fields say the outcomes);
-        never raises for network outcomes. Adds Host, Content-Length and `Accept-Encoding: identity`:
-        the body is never decoded, so it is asked for plain."""
+        never raises for network outcomes: SocketsBusy only, when no socket could be had. Adds Host,
+        Content-Length and `Accept-Encoding: identity`: the body is never decoded, so it is asked for plain."""
         addresses = _parse_addresses(target)
         headers = {**headers, "Host": _host_header(target), "Accept-Encoding": "identity"}
         reply = _Reply()
