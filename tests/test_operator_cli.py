@@ -301,3 +301,27 @@ def test_the_alert_rules_hints_run_as_written(flask_cli, disabled):
         result = flask_cli(*hint.replace("EVT_ID", disabled["events"][0]).split())
         assert result.exit_code == 0, (hint, result.output)
         assert len(result.stdout.splitlines()) > 1, hint  # each finds what its alert is about
+
+
+HOSTILE = "\x1b[2J\x1b]0;pwned\x07\x9b31m\x9d8;;\u202eevil\u2028"
+
+
+@pytest.mark.config(**RETRYING)
+@pytest.mark.parametrize("answer", ["location", "body"])
+def test_show_prints_no_control_or_bidi_character_a_receiver_sent(flask_cli, start_receiver, subscribe, ping,
+                                                                    run_due, answer):
+    def hostile(handler):
+        body = HOSTILE.encode() if answer == "body" else b""
+        head = (b"HTTP/1.1 302 Fo\x1b[1mund\r\nLocation: https://x.example/" + HOSTILE.encode() + b"\r\n"
+                if answer == "location" else b"HTTP/1.1 500 \x9b\x1b[31mOops\r\n")
+        handler.wfile.write(head + b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body) + body)
+        handler.close_connection = True
+    subscription = subscribe(start_receiver(script=[hostile]).url)
+    event = queued_event(ping, subscription)
+    assert run_due() == 1
+    result = flask_cli("deliveries", "show", event)
+    assert result.exit_code == 0, result.output
+    printed = result.stdout + flask_cli("deliveries", "list").stdout
+    assert not [ch for ch in printed if ch != "\n" and ch != "\t" and (ord(ch) < 0x20 or 0x7F <= ord(ch) < 0xA0
+                                                                       or ch in "\u202e\u2028")]
+    assert "\\x9" in printed or "\\x8" in printed  # C1 bytes (also those of U+202E read as Latin-1) escaped, not dropped

@@ -7,6 +7,7 @@ import click
 from flask import current_app
 
 from partner.errors import OperatorError, ValidationError
+from partner.safe_text import printable
 from partner.startup import start_command
 from partner.store.availability import describe, is_unavailable
 from partner.store.connection import db
@@ -30,9 +31,11 @@ def now() -> int:
 
 
 def table(header: tuple, rows) -> None:
+    """Tab-separated rows; a cell's text from outside (a receiver's answer, a partner's label) printed
+    with its control and bidi characters escaped, as the logs print it (safe_text.printable)."""
     click.echo("\t".join(header))
     for row in rows:
-        click.echo("\t".join("-" if cell is None else str(cell) for cell in row))
+        click.echo("\t".join("-" if cell is None else printable(str(cell)) for cell in row))
 
 
 def run(operation, *args, **kwargs):

@@ -9,6 +9,7 @@ from partner.concurrency import effective_limit
 from partner.history import STATES, delivery_stories, list_deliveries, replay_dead_letters
 from partner.operator.commands import Rfc3339, now, run, starts, table
 from partner.retry import RetryPolicy
+from partner.safe_text import printable
 from partner.startup import UP_TO_DATE
 from partner.subscriptions import enable_subscription, set_concurrency, subscriptions_overview
 from partner.timestamps import iso
@@ -117,7 +118,7 @@ def _show(story) -> None:
         lines.append(("unrecorded", f"{story.unrecorded} attempts whose outcome was never written"))
     lines.append(("ended" if story.has_ended else "next", story.ending))
     for name, value in lines:
-        click.echo(f"{name + ':':<14}{value}")
+        click.echo(f"{name + ':':<14}{printable(str(value))}")
     click.echo()
     table(("ATTEMPT", "ATTEMPTED_AT", "OUTCOME", "HTTP_STATUS", "ERROR", "ERROR_DETAIL", "DURATION_MS", "EXCERPT"),
           ((a.number, iso(a.attempted_at) or "not recorded", a.outcome, a.http_status, a.error, a.error_detail,
@@ -133,8 +134,9 @@ def _subscription_state(subscription) -> str:
 
 
 def _one_line(text: str) -> str:
-    """A response excerpt in one table cell: its backslashes, tabs and line breaks escaped."""
-    return text.replace("\\", "\\\\").replace("\t", "\\t").replace("\r", "\\r").replace("\n", "\\n")
+    """A response excerpt in one table cell: its backslashes doubled, so that the escapes table()
+    writes for its tabs, line breaks and other controls read apart from the receiver's own."""
+    return text.replace("\\", "\\\\")
 
 
 @deliveries_cli.command("replay")
