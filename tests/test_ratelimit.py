@@ -202,3 +202,11 @@ def test_loopback_is_not_trusted_once_the_addresses_name_another_proxy(app, clie
     app.extensions["rate_limits"].auth_failures_per_minute = 1
     assert failed_logins(client, "203.0.113.1", 1) == [401]
     assert failed_logins(client, "203.0.113.2", 1) == [429]  # both counted against 127.0.0.1
+
+
+@pytest.mark.config(TRUSTED_PROXIES=1)
+@pytest.mark.parametrize("forwarded", ["x" * 6000, "not-an-address", "203.0.113.1 <script>", "::g"])
+def test_a_forwarded_address_that_is_no_address_is_not_believed(app, client, forwarded, caplog):
+    app.extensions["rate_limits"].auth_failures_per_minute = 2
+    # Each counts against the proxy's own address (loopback), never a text the header chose.
+    assert failed_logins(client, forwarded, 2) + failed_logins(client, "x" + forwarded, 1) == [401, 401, 429]
