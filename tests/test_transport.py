@@ -202,6 +202,9 @@ def test_redirect_is_reported_and_never_followed(serve):
     ("/relative/path", "301 to /relative/path"),
     ("https://new.example.com/" + "p" * 300, "301 to https://new.example.com/" + "p" * 168 + "…"),
     ("http://[::1", "301 to an unreadable Location"),
+    ("mailto:user:pa55@example.com", "301 to mailto:…"),
+    ("user:pa55@new.example.com/in", "301 to user:…"),
+    ("https:user:pa55@new.example.com", "301 to https:…"),
     (None, "301 without a Location header"),
 ])
 def test_a_redirect_names_its_location_without_credentials_or_query_and_bounded(receiver, location, detail):

@@ -98,6 +98,8 @@ def _without_credentials(location: str) -> str:
         port = f":{parts.port}" if parts.port else ""
     except ValueError:  # a malformed Location: nothing of it can be trusted to be harmless
         return "an unreadable Location"
+    if parts.scheme and not parts.netloc:  # opaque (mailto:user:pass@x): what follows the scheme may be a credential
+        return f"{parts.scheme}:…"
     shown = parts._replace(netloc=(f"[{host}]" if ":" in host else host) + port if parts.netloc else "",
                            query="…" if parts.query else "", fragment="")
     return shown.geturl()
