@@ -31,6 +31,7 @@ from partner.store.availability import describe, is_unavailable, open_hint
 from partner.store.backup import hold_serving_lock
 from partner.store.connection import DatabaseTooOld, make_directory, require_supported, sqlite_file
 from partner.store.migrations import SchemaStatus
+from partner.telemetry import metrics
 from partner.telemetry.logs import database_name
 
 log = logging.getLogger(__name__)
@@ -67,10 +68,11 @@ def start_service(app: Flask, workers: int = 1) -> None:
 
 
 def start_worker(app: Flask) -> None:
-    """What each serving process needs beside the master's start-up: the keys, in memory, and its
-    delivery transport."""
+    """What each serving process needs beside the master's start-up: the keys, in memory, its
+    delivery transport, and its metrics' known series at zero."""
     _check_delivery_settings(app)
     _load_keys(app)
+    metrics.create_known_series()
 
 
 def _check_delivery_settings(app: Flask) -> None:

@@ -80,6 +80,20 @@ def test_metrics_counted_across_two_workers_add_up_and_outlive_a_worker(start_gu
     assert server.stop() == 0
 
 
+def test_a_fresh_service_exports_its_known_labelled_counters_at_zero(start_gunicorn, session, tmp_path):
+    metrics_dir = tmp_path / "metrics"
+    metrics_dir.mkdir()
+    server = start_gunicorn(PROMETHEUS_MULTIPROC_DIR=str(metrics_dir))
+    samples = {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+               for family in text_string_to_metric_families(session.get(server.base_url + "/metrics", timeout=5).text)
+               for sample in family.samples}
+    for kind in ("organization", "failed_auth"):
+        assert samples[("partner_rate_limited_total", (("kind", kind),))] == 0
+    for outcome in ("delivered", "timeout", "connection_error", "http_status"):
+        assert samples[("partner_delivery_attempts_total", (("event", "vc.test.ping"), ("outcome", outcome)))] == 0
+    assert server.stop() == 0
+
+
 def test_preloaded_workers_count_their_deliveries(start_gunicorn, session, smoke_key, receiver):
     server = start_gunicorn(GUNICORN_CMD_ARGS="--workers 2 --preload", PARTNER_SCHEDULER_ENABLED="true",
                             PARTNER_WEBHOOK_ALLOWED_NETWORKS='["127.0.0.0/8"]')

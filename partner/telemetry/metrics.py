@@ -60,6 +60,24 @@ def count_request(method: str, rule: str | None, status: int, seconds: float) ->
     series[1].observe(seconds)
 
 
+# Series known before they happen, created at zero when a worker starts (create_known_series):
+# prometheus_client exports a labelled series only from its first increment, so rate() over a
+# restart would miss the first burst of 429s, timeouts or 5xx.
+KNOWN_RATE_LIMITS = ("organization", "failed_auth")
+KNOWN_OUTCOMES = ("delivered", "http_status", "timeout", "connection_error", "tls_error", "internal_url", "redirect",
+                  "not_recorded")
+
+
+def create_known_series(events: tuple[str, ...] = ("vc.test.ping",)) -> None:
+    """Every series of a known label value, at zero. In each serving process, at its start."""
+    for kind in KNOWN_RATE_LIMITS:
+        RATE_LIMITED.labels(kind)
+    for outcome in KNOWN_OUTCOMES:
+        ATTEMPT_DURATION.labels(outcome)
+        for event in events:
+            DELIVERY_ATTEMPTS.labels(event, outcome)
+
+
 def count_attempt(event: str, outcome: str, seconds: float) -> None:
     DELIVERY_ATTEMPTS.labels(event, outcome).inc()
     ATTEMPT_DURATION.labels(outcome).observe(seconds)
