@@ -15,6 +15,7 @@ from dataclasses import dataclass, fields
 from datetime import datetime, timedelta, timezone
 
 from models import Setting, db
+from partner import idempotency
 from partner.store.availability import is_unavailable
 from partner.store.sql import is_sqlite, run_sql, value_rows, write_transaction
 from partner.timestamps import iso, now_ms
@@ -131,17 +132,22 @@ def _write(statement: str, params) -> int:
 
 
 def run_purge() -> None:
-    """The scheduler job: purge deleted subscriptions (in every process: batches are idempotent).
-    While the database fails it waits for the next run (the scanner already reports the outage)."""
+    """The scheduler job: purge deleted subscriptions (in every process: batches are idempotent)."""
+    purged = _unless_unavailable(purge_deleted)
+    if purged:
+        log.info("retention: purged %d deleted subscriptions and their history", purged)
+
+
+def _unless_unavailable(job):
+    """A retention job's result, or None while the database cannot answer or write: the job runs
+    again at its next time, and the scanner already reports the outage."""
     try:
         with db.connection_context():
-            purged = purge_deleted()
+            return job()
     except Exception as error:  # noqa: BLE001 - unavailability waits, the rest re-raised
         if not is_unavailable(error):
             raise
-        return
-    if purged:
-        log.info("retention: purged %d deleted subscriptions and their history", purged)
+        return None
 
 
 def claim_daily_run(now: int) -> bool:
@@ -153,16 +159,22 @@ def claim_daily_run(now: int) -> bool:
 
 
 def run_daily(clock, days: int) -> Pruned | None:
-    """The scheduler job: prune if no process has in the last day."""
+    """The scheduler job: prune if no process has in the last day (None: another did, or the database
+    is unavailable, and the job asks again in an hour); publishers' idempotency keys past 24 hours go too."""
     now = now_ms(clock)
-    with db.connection_context():
-        if not claim_daily_run(now):
-            return None
-        before = cutoff(now, days)
-        pruned = prune(before)
-    log.info("retention: removed %d events, %d deliveries, %d failure records created before %s",
-             pruned.events, pruned.deliveries, pruned.failures, iso(before))
+    before = cutoff(now, days)
+    pruned = _unless_unavailable(lambda: _daily(now, before))
+    if pruned is not None:
+        log.info("retention: removed %d events, %d deliveries, %d failure records created before %s",
+                 pruned.events, pruned.deliveries, pruned.failures, iso(before))
     return pruned
+
+
+def _daily(now: int, before: int) -> Pruned | None:
+    if not claim_daily_run(now):
+        return None
+    idempotency.forget_old(now)
+    return prune(before)
 
 
 def schedule(scheduler, clock, days: int) -> None:

@@ -9,6 +9,7 @@ import pytest
 from peewee import OperationalError, Table
 
 from models import db
+from partner import retention
 from partner.store import sql as database
 from partner.store.availability import is_unavailable
 from tests.support import ME, PUBLIC_URL, SLACK_SECONDS, WEBHOOKS, assert_unavailable
@@ -146,3 +147,16 @@ def test_a_write_probe_commits_on_a_healthy_database(app):
     with db.connection_context():
         database.probe_write()
         assert db.execute_sql("SELECT value FROM setting WHERE name = 'write_probe'").fetchone()
+
+
+def test_the_daily_run_waits_for_its_next_hour_while_the_database_is_locked(brief_busy_timeout, app, clock):
+    holder = sqlite3.connect(app.config["DATABASE_URL"].removeprefix("sqlite:///"), isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")  # an operator's shell holding the write lock
+    try:
+        with app.app_context():
+            assert retention.run_daily(clock, 30) is None  # not raised: the scheduler would log a traceback
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    with app.app_context():
+        assert retention.run_daily(clock, 30) is not None

@@ -112,3 +112,4 @@ def test_prune_takes_the_longest_age_it_allows(app, history):
     result = app.test_cli_runner().invoke(args=["db", "prune", "--older-than", "36500"])
     assert result.exit_code == 0, result.output
     assert result.stdout.startswith("Removed 0 events")
+
