@@ -238,3 +238,12 @@ def test_systemd_accepts_the_unit(tmp_path):
     unit.write_text((DEPLOY / "systemd" / "partner.service").read_text().replace("/opt/partner", str(ROOT)))
     result = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=60)
     assert (result.returncode, result.stderr) == (0, ""), result.stderr
+
+
+def test_the_unit_does_not_restart_a_refused_start():
+    """A refusal (gunicorn's exit 4: a bad setting, a database newer than the code) says why once;
+    restarting would only say it again every RestartSec."""
+    from partner.errors import APP_LOAD_ERROR
+    unit = (DEPLOY / "systemd" / "partner.service").read_text()
+    assert re.findall(r"^RestartPreventExitStatus=(.*)$", unit, re.M) == [str(APP_LOAD_ERROR)]
+    assert re.findall(r"^Restart=(.*)$", unit, re.M) == ["on-failure"]
