@@ -96,6 +96,7 @@ class Delivery(BaseModel):
     lease_token = TextField(null=True)
     seq = BigIntegerField(default=0, constraints=default("0"))
     unrecorded = IntegerField(default=0, constraints=default("0"))
+    ended = TextField(null=True)  # why a dead letter ended, in words, with the figures of that moment
 
     class Meta:
         primary_key = CompositeKey("event", "subscription")

@@ -79,6 +79,7 @@ CREATE INDEX IF NOT EXISTS "event_created_at" ON "event" ("created_at");
 -- time while pending, the lease expiry while in flight, null once delivered or dead.
 -- `seq` is the enqueue order among the subscription's open deliveries (claims.py), and
 -- `unrecorded` counts attempts claimed again after their lease expired without an outcome.
+-- `ended` says, in words, why a dead letter ended, with the figures in force when it did (release 1.4).
 CREATE TABLE IF NOT EXISTS "delivery" (
     "event_id" TEXT NOT NULL,
     "subscription_id" TEXT NOT NULL,
@@ -88,6 +89,7 @@ CREATE TABLE IF NOT EXISTS "delivery" (
     "lease_token" TEXT,
     "seq" BIGINT NOT NULL DEFAULT 0,
     "unrecorded" INTEGER NOT NULL DEFAULT 0,
+    "ended" TEXT,
     PRIMARY KEY ("event_id", "subscription_id"),
     FOREIGN KEY ("event_id") REFERENCES "event" ("id") ON DELETE CASCADE,
     FOREIGN KEY ("subscription_id") REFERENCES "subscription" ("id") ON DELETE CASCADE

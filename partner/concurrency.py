@@ -182,11 +182,11 @@ def widen(draws_by_subscription: dict[str, list[float]], now_ms: int, most: int)
             run_sql(_SET_LIMIT, (after.limit, after.ceiling, row["id"]))
 
 
-def push_back(subscription_id: str, state: dict, result: AttemptResult, finished_at_ms: int) -> None:
+def push_back(subscription_id: str, state: dict, result: AttemptResult, finished_at_ms: int) -> int | None:
     """After a failed attempt: narrow the subscription's limit (unless pinned) as `result` calls for, and
-    hold it for its backoff, or the Retry-After if longer. `state`: its row's failure streak (this
-    failure counted) and concurrency columns as the recording read them. Call inside the recording's
-    transaction."""
+    hold it for its backoff, or the Retry-After if longer; until when it is held. `state`: its row's
+    failure streak (this failure counted) and concurrency columns as the recording read them. Call
+    inside the recording's transaction."""
     current = Limit(state["concurrency_limit"], state["concurrency_ceiling"])
     after = narrowed(current) if narrows(result) and state["concurrency_pin"] is None else current
     held = max(backoff_until(state["consecutive_failures"], finished_at_ms), hold_until(result, finished_at_ms) or 0)
@@ -195,3 +195,4 @@ def push_back(subscription_id: str, state: dict, result: AttemptResult, finished
         paused_until = held
     if after != current or paused_until != state["paused_until"]:
         run_sql(_SET_PUSHED_BACK, (after.limit, after.ceiling, paused_until, subscription_id))
+    return paused_until

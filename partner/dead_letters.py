@@ -12,8 +12,10 @@ import logging
 from dataclasses import dataclass
 
 from models import SQL_CONDITIONS, Delivery, Organization, Subscription
+from partner.retry import RetryPolicy, max_attempts
 from partner.store.sql import run_sql, select_rows
 from partner.telemetry import metrics
+from partner.timestamps import iso
 
 log = logging.getLogger("delivery")
 
@@ -22,8 +24,11 @@ _NO_NEXT_ATTEMPT = ("UPDATE failure SET next_attempt_at = NULL WHERE next_attemp
                     "AND event_id IN (SELECT event_id FROM delivery WHERE subscription_id = {p} AND state = {p}) "
                     "AND attempted_at = (SELECT MAX(f.attempted_at) FROM failure AS f WHERE f.event_id = failure.event_id "
                     "AND f.subscription_id = failure.subscription_id)")
-_SWEEP = ("UPDATE delivery SET state = {p}, due_at = NULL WHERE subscription_id = {p} AND {open} "
+_SWEEP = ("UPDATE delivery SET state = {p}, due_at = NULL, ended = {p} WHERE subscription_id = {p} AND {open} "
           "AND event_id <> {p} RETURNING event_id, attempts")
+# In a dead letter's recorded ending (delivery.ended), its own number of attempts: `flask deliveries show`
+# fills it from the delivery's row, so that one text serves every delivery an auto-disable sweeps.
+ATTEMPTS = "{attempts}"
 
 
 @dataclass(frozen=True)
@@ -44,21 +49,43 @@ class AutoDisable:
     swept: int  # the subscription's other open deliveries it dead-lettered
 
 
-def after_failure(claim, error: str, auto_disable: bool, active: bool, now_ms: int, threshold: int) -> list:
+def ending(reason: str, policy: RetryPolicy | None = None, at_ms: int | None = None) -> str:
+    """Why a dead letter ended, in words, with the figures in force as it ends (`delivery.ended`,
+    which `flask deliveries show` prints whatever the settings are by then): `reason` as DeadLetter's,
+    or auto_disabled (at `at_ms`). `policy`: the retry schedule and threshold in force; None where
+    they are not known (a claim that finds the subscription disabled)."""
+    most = max_attempts(policy.delays) if policy is not None else None
+    of_most = f" of at most {most}" if most is not None else ""
+    if reason == "auto_disabled":
+        return (f"auto-disabled: the subscription was auto-disabled at {iso(at_ms)} after "
+                f"{policy.auto_disable_threshold} failures in a row, and this delivery was dead-lettered after "
+                f"{ATTEMPTS}{of_most} attempts")
+    if reason == "retries_exhausted":
+        return f"retries exhausted: attempt {ATTEMPTS} failed, the last the retry schedule allows"
+    if reason == "not_recorded":
+        return "not recorded: attempts were made whose outcome could never be written, and it was dead-lettered"
+    return f"subscription disabled: it was found disabled, and this delivery was dead-lettered after {ATTEMPTS}{of_most} attempts"
+
+
+def after_failure(claim, error: str, auto_disable: bool, active: bool, now_ms: int,
+                  policy: RetryPolicy) -> tuple[list, str | None]:
     """What a failed attempt of `claim` (an outbox.Claim) after which no attempt follows dead-letters,
-    to report: an auto-disable (the subscription disabled at `now_ms`, its other open deliveries
-    dead-lettered), or this delivery alone, or nothing new when a disable dead-lettered it while its
-    attempt was under way. `active`: the subscription's state before this failure. The caller
-    finishes the failing delivery. Call inside a write transaction."""
+    to report, and why the delivery ended (None: a disable dead-lettered it while its attempt was under
+    way, and said why then): an auto-disable (the subscription disabled at `now_ms`, its other open
+    deliveries dead-lettered), or this delivery alone. `active`: the subscription's state before this
+    failure; `policy`: the schedule and threshold in force. The caller finishes the failing delivery.
+    Call inside a write transaction."""
     if not active and _is_dead(claim.event_id, claim.subscription_id):
-        return []
+        return [], None
     organization = _organization_of(claim.subscription_id)
     if auto_disable:
         Subscription.update(active=False, auto_disabled_at=now_ms).where(Subscription.id == claim.subscription_id).execute()
-        swept = _dead_letter_open(claim.subscription_id, except_event_id=claim.event_id)
-        return [AutoDisable(claim.subscription_id, organization, threshold, claim.event_id, len(swept))]
+        why = ending("auto_disabled", policy, now_ms)
+        swept = _dead_letter_open(claim.subscription_id, why, except_event_id=claim.event_id)
+        return [AutoDisable(claim.subscription_id, organization, policy.auto_disable_threshold, claim.event_id,
+                            len(swept))], why
     reason = "not_recorded" if error == "not_recorded" else "retries_exhausted" if active else "subscription_disabled"
-    return [DeadLetter(claim.event_id, claim.subscription_id, organization, claim.attempt, reason)]
+    return [DeadLetter(claim.event_id, claim.subscription_id, organization, claim.attempt, reason)], ending(reason, policy)
 
 
 def of_disabled(subscription_id: str, dead: list[dict]) -> list:
@@ -67,15 +94,15 @@ def of_disabled(subscription_id: str, dead: list[dict]) -> list:
     write transaction."""
     organization = _organization_of(subscription_id)
     return [DeadLetter(row["event_id"], subscription_id, organization, row["attempts"], "subscription_disabled")
-            for row in [*dead, *_dead_letter_open(subscription_id)]]
+            for row in [*dead, *_dead_letter_open(subscription_id, ending("subscription_disabled"))]]
 
 
-def _dead_letter_open(subscription_id: str, except_event_id: str = "") -> list[dict]:
+def _dead_letter_open(subscription_id: str, why: str, except_event_id: str = "") -> list[dict]:
     """Dead-letter the subscription's open deliveries (but one); each one's event_id and attempts.
     In-flight ones keep their lease token, so an attempt still running records its outcome, while
     one whose process died is never claimed again."""
     run_sql(_NO_NEXT_ATTEMPT, (subscription_id, subscription_id, Delivery.PENDING))
-    return select_rows(_SWEEP, (Delivery.DEAD, subscription_id, except_event_id), **SQL_CONDITIONS)
+    return select_rows(_SWEEP, (Delivery.DEAD, why, subscription_id, except_event_id), **SQL_CONDITIONS)
 
 
 def _is_dead(event_id: str, subscription_id: str) -> bool:

@@ -8,6 +8,7 @@ from peewee import fn
 from models import Delivery, Event, Failure, Organization, Subscription
 from partner import safe_text
 from partner.store.sql import is_sqlite, write_transaction
+from partner.dead_letters import ATTEMPTS
 from partner.errors import OperatorError
 from partner.retry import RetryPolicy, max_attempts
 from partner.subscriptions import LIVE
@@ -127,6 +128,9 @@ def _ending(delivery: Delivery, last_failure: Failure | None, now_ms: int, polic
     if delivery.state == Delivery.PENDING:
         when = "due at" if delivery.due_at > now_ms else "due since"
         return f"attempt {following} of at most {most} {when} {iso(delivery.due_at)}"
+    if delivery.ended is not None:  # recorded as it ended, with the figures in force then
+        return delivery.ended.replace(ATTEMPTS, str(delivery.attempts))
+    # Dead-lettered before release 1.4 recorded why: read from the data and today's settings.
     if last_failure is not None and last_failure.error == "not_recorded":
         return "not recorded: attempts were made whose outcome could never be written, and it was dead-lettered"
     if delivery.attempts >= most:
@@ -148,7 +152,8 @@ def replay_dead_letters(subscription_id: str, now_ms: int, since_ms: int | None 
         if not subscription.active:
             raise OperatorError(f"Subscription {subscription_id} is disabled: enable it first "
                                 f"(flask webhooks enable {subscription_id}).")
-        replayed = (Delivery.update(state=Delivery.PENDING, attempts=0, unrecorded=0, due_at=now_ms, lease_token=None)
+        replayed = (Delivery.update(state=Delivery.PENDING, attempts=0, unrecorded=0, due_at=now_ms, lease_token=None,
+                                    ended=None)
                     .where((Delivery.subscription == subscription_id) & (Delivery.state == Delivery.DEAD)))
         if since_ms is not None:
             replayed = replayed.where(Delivery.event.in_(Event.select(Event.id).where(Event.created_at >= since_ms)))

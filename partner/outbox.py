@@ -93,7 +93,7 @@ _CLAIMED = ('SELECT e.id AS event_id, e.kind, e.body, e.occurred_at, e.data, e.c
             's.concurrency_pin IS NULL AND s.concurrency_limit < {p} AS may_widen '
             'FROM delivery AS d JOIN event AS e ON e.id = d.event_id '
             'JOIN subscription AS s ON s.id = d.subscription_id WHERE d.event_id IN ({ids}) AND d.lease_token = {p}')
-_RELEASE = ('UPDATE delivery SET state = {p}, due_at = {p}, lease_token = NULL '
+_RELEASE = ('UPDATE delivery SET state = {p}, due_at = {p}, lease_token = NULL, ended = {p} '
             'WHERE lease_token = {p} AND event_id = {p} AND subscription_id = {p} AND {in_flight}')
 # A delivery given back unattempted, due later (_put_off): its subscription's pending deliveries wait with
 # it, so that none overtakes it, and, when this process cannot open the subscription's secret, so that
@@ -204,7 +204,8 @@ def _attemptable(rows: list[dict], token: str, now_ms: int, lease_ms: int, polic
     claims = []
     for row in rows:
         if not row["active"]:
-            _release(token, row["event_id"], row["subscription_id"], Delivery.DEAD, None)
+            _release(token, row["event_id"], row["subscription_id"], Delivery.DEAD, None,
+                     dead_letters.ending("subscription_disabled"))
             made += dead_letters.of_disabled(row["subscription_id"], [row])
             continue
         try:
@@ -254,6 +255,7 @@ def _put_off(lease_token: str, event_id: str, subscription_id: str, due_ms: int)
     return bool(released)
 
 
-def _release(lease_token: str, event_id: str, subscription_id: str, state: str, due_at: int | None) -> int:
-    """Give back a claimed delivery (pending, due again) or dead-letter it (dead, no due time)."""
-    return run_sql(_RELEASE, (state, due_at, lease_token, event_id, subscription_id), **SQL_CONDITIONS).rowcount
+def _release(lease_token: str, event_id: str, subscription_id: str, state: str, due_at: int | None,
+             why: str | None = None) -> int:
+    """Give back a claimed delivery (pending, due again) or dead-letter it (dead, no due time, `why`)."""
+    return run_sql(_RELEASE, (state, due_at, why, lease_token, event_id, subscription_id), **SQL_CONDITIONS).rowcount

@@ -20,7 +20,7 @@ if TYPE_CHECKING:  # the outbox records a claim it cannot attempt through record
     from partner.outbox import Claim
 
 # Written once as SQL, like the outbox's statements, and for the same reason.
-_FINISH = ('UPDATE delivery SET state = {p}, attempts = {p}, due_at = {p}, lease_token = NULL '
+_FINISH = ('UPDATE delivery SET state = {p}, attempts = {p}, due_at = {p}, lease_token = NULL, ended = COALESCE({p}, ended) '
            'WHERE event_id = {p} AND subscription_id = {p} AND lease_token = {p}')
 # The attempt number is the one the claim read plus one, as outbox._claim_of counts it: the lease kept it.
 # `event_id IN` first: SQLite plans a row-value IN (VALUES ...) alone as a scan of the whole table.
@@ -143,14 +143,16 @@ def record_failure(claim: Claim, result: AttemptResult, attempted_at: int, finis
     """Audit and count a failed attempt whose lease is ours, and decide what follows by `policy`; a
     dead letter or an auto-disable it makes is added to `made`. Call inside a write transaction."""
     [streak] = select_rows(_COUNT_FAILURE, (claim.subscription_id,))
-    push_back(claim.subscription_id, streak, result, finished_at)
+    held_until = push_back(claim.subscription_id, streak, result, finished_at)
     active = bool(streak["active"])
     decision = policy.after_failure(claim.attempt, streak["consecutive_failures"], active, finished_at, jitter)
-    next_at = decision.next_attempt_at
+    # The next attempt: its retry time, or the end of the subscription's hold if that comes later.
+    next_at = decision.next_attempt_at and max(decision.next_attempt_at, held_until or 0)
+    why = None
     if next_at is None:
-        made += dead_letters.after_failure(claim, result.error, decision.auto_disable, active, finished_at,
-                                           policy.auto_disable_threshold)
-    run_sql(_FINISH, (Delivery.PENDING if next_at else Delivery.DEAD, claim.attempt, next_at, *claim.delivery,
+        dead, why = dead_letters.after_failure(claim, result.error, decision.auto_disable, active, finished_at, policy)
+        made += dead
+    run_sql(_FINISH, (Delivery.PENDING if next_at else Delivery.DEAD, claim.attempt, next_at, why, *claim.delivery,
                       claim.lease_token))
     Failure.create(id=new_id("fail"), subscription=claim.subscription_id, event=claim.event_id,
                    attempt=claim.attempt, http_status=result.http_status, error=result.error,

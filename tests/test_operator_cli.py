@@ -8,7 +8,7 @@ import pytest
 
 from models import Subscription, db
 from partner.timestamps import iso
-from tests.support import WEBHOOKS, json_of, run_through_backoffs
+from tests.support import WEBHOOKS, json_of, run_through_backoffs, started_app
 
 
 
@@ -325,3 +325,18 @@ def test_show_prints_no_control_or_bidi_character_a_receiver_sent(flask_cli, sta
     assert not [ch for ch in printed if ch != "\n" and ch != "\t" and (ord(ch) < 0x20 or 0x7F <= ord(ch) < 0xA0
                                                                        or ch in "\u202e\u2028")]
     assert "\\x9" in printed or "\\x8" in printed  # C1 bytes (also those of U+202E read as Latin-1) escaped, not dropped
+
+
+@pytest.mark.config(WEBHOOK_ALLOWED_NETWORKS=["127.0.0.0/8"], DELIVERY_RETRY_DELAYS=[60], AUTO_DISABLE_THRESHOLD=1)
+def test_why_a_dead_letter_ended_is_read_as_recorded_whatever_the_settings_are_now(config, flask_cli, start_receiver,
+                                                                                 subscribe, ping, run_due, clock):
+    subscription = subscribe(start_receiver(script=[500]).url)
+    failing = queued_event(ping, subscription)
+    assert run_due() == 1
+    ended = shown(flask_cli("deliveries", "show", failing))[0]["ended"]
+    assert ended.endswith("after 1 failures in a row, and this delivery was dead-lettered after 1 of at most 2 attempts")
+    for settings in ({"DELIVERY_RETRY_DELAYS": [1, 2, 3, 4], "AUTO_DISABLE_THRESHOLD": 20}, {}):
+        # Another schedule and threshold, then the defaults: what the operator runs the CLI with.
+        other = started_app({**config, **settings} if settings else {"DATABASE_URL": config["DATABASE_URL"]})
+        result = other.test_cli_runner().invoke(args=["deliveries", "show", failing])
+        assert shown(result)[0]["ended"] == ended

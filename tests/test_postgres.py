@@ -137,7 +137,7 @@ def test_every_table_round_trips(database):
     event = Event.create(id="evt_1", kind="vc.test.ping", body=BODY, created_at=BIG_MS, occurred_at=BIG_MS + 4,
                          data=BODY)
     Delivery.create(event=event, subscription=subscription, state=Delivery.PENDING, attempts=2,
-                    due_at=BIG_MS, lease_token=None, seq=BIG_MS, unrecorded=1)
+                    due_at=BIG_MS, lease_token=None, seq=BIG_MS, unrecorded=1, ended="why — é")
     Failure.create(id="fail_1", subscription=subscription, event=event, attempt=2, http_status=None,
                    error="timeout", response_excerpt="", duration_ms=10_000, attempted_at=BIG_MS,
                    next_attempt_at=None, error_detail="deadline of 10 s reached while connecting — é")
@@ -158,7 +158,7 @@ def test_every_table_round_trips(database):
         Event: [{"id": "evt_1", "kind": "vc.test.ping", "body": BODY, "created_at": BIG_MS,
                  "occurred_at": BIG_MS + 4, "data": BODY}],
         Delivery: [{"event": "evt_1", "subscription": "wh_1", "state": "pending", "attempts": 2,
-                    "due_at": BIG_MS, "lease_token": None, "seq": BIG_MS, "unrecorded": 1}],
+                    "due_at": BIG_MS, "lease_token": None, "seq": BIG_MS, "unrecorded": 1, "ended": "why — é"}],
         Failure: [{"id": "fail_1", "subscription": "wh_1", "event": "evt_1", "attempt": 2,
                    "http_status": None, "error": "timeout", "response_excerpt": "", "duration_ms": 10_000,
                    "attempted_at": BIG_MS, "next_attempt_at": None,

@@ -2,8 +2,9 @@
 (event_id, subscription_id): the event no longer names a subscription, and its payload is stored once
 (`data`), each delivery's envelope built around it (partner/envelopes.py). An event queued before
 keeps its whole envelope in `body`, sent as it was: its bytes never change across the upgrade.
-Beside it, the partner's `events` filter on a subscription, and three new tables: publishers, event
-types and publishers' idempotency keys.
+Beside it, the partner's `events` filter on a subscription, why a dead letter ended (`delivery.ended`,
+null for those dead-lettered before), and three new tables: publishers, event types and publishers'
+idempotency keys.
 
 SQLite cannot change a primary key or drop a column under a foreign key in place, so it rebuilds
 `event` and `delivery` (foreign keys are off while migrations run: partner/store/migrations); PostgreSQL
@@ -20,11 +21,11 @@ SQLITE_REBUILD = (
     'SELECT "id", "kind", "body", "created_at", "created_at", X\'7B7D\' FROM "event"',
     'CREATE TABLE "delivery_1_4" ("event_id" TEXT NOT NULL, "subscription_id" TEXT NOT NULL, "state" TEXT NOT NULL, '
     '"attempts" INTEGER NOT NULL DEFAULT 0, "due_at" BIGINT, "lease_token" TEXT, "seq" BIGINT NOT NULL DEFAULT 0, '
-    '"unrecorded" INTEGER NOT NULL DEFAULT 0, PRIMARY KEY ("event_id", "subscription_id"), '
+    '"unrecorded" INTEGER NOT NULL DEFAULT 0, "ended" TEXT, PRIMARY KEY ("event_id", "subscription_id"), '
     'FOREIGN KEY ("event_id") REFERENCES "event" ("id") ON DELETE CASCADE, '
     'FOREIGN KEY ("subscription_id") REFERENCES "subscription" ("id") ON DELETE CASCADE)',
     'INSERT INTO "delivery_1_4" SELECT "event_id", "subscription_id", "state", "attempts", "due_at", "lease_token", '
-    '"seq", "unrecorded" FROM "delivery"',
+    '"seq", "unrecorded", NULL FROM "delivery"',
     'DROP TABLE "delivery"',
     'DROP TABLE "event"',
     'ALTER TABLE "event_1_4" RENAME TO "event"',
@@ -37,7 +38,8 @@ POSTGRESQL_ALTER = (
     'UPDATE "event" SET "occurred_at" = "created_at", "data" = \'\\x7b7d\'::bytea',
     'ALTER TABLE "event" ALTER COLUMN "occurred_at" SET NOT NULL, ALTER COLUMN "data" SET NOT NULL, '
     'ALTER COLUMN "body" DROP NOT NULL, DROP COLUMN "subscription_id"',
-    'ALTER TABLE "delivery" DROP CONSTRAINT "delivery_pkey", ADD PRIMARY KEY ("event_id", "subscription_id")',
+    'ALTER TABLE "delivery" DROP CONSTRAINT "delivery_pkey", ADD PRIMARY KEY ("event_id", "subscription_id"), '
+    'ADD COLUMN "ended" TEXT',
     'DROP INDEX IF EXISTS "delivery_due_at"',
     'DROP INDEX IF EXISTS "delivery_in_flight"',
     'DROP INDEX IF EXISTS "delivery_queue"',
