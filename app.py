@@ -16,7 +16,7 @@ from partner.edge.health import install_health
 from partner.edge.ops_port import install_ops_port
 from partner.edge.pagination import Cursors, cursor_key, read_page_args
 from partner.edge.problems import register_error_handlers
-from partner.edge.publish_api import internal
+from partner.edge.publish_api import install_publishing
 from partner.edge.proxies import ForwardedFromProxies
 from partner.edge.ratelimit import RateLimits
 from partner.edge.request_ids import install_request_ids
@@ -40,9 +40,13 @@ log = logging.getLogger(__name__)
 # must not hold a request thread (and every request queued behind it) for the resolver's ~10 s.
 CREATE_LOOKUP_SECONDS = 2.0
 # The creates' lookups (partner/outbound/dns.py): an organization whose names never answer holds at
-# most CREATE_LOOKUPS_PER_ORGANIZATION of these threads, and at most that many of a worker's 8 request
-# threads wait on its lookups; its other creates are refused at once (503).
-CREATE_LOOKUP_THREADS, CREATE_LOOKUPS_PER_ORGANIZATION = 32, 4
+# most CREATE_LOOKUPS_PER_ORGANIZATION of these threads, and of a worker's 8 request threads (gunicorn.conf.py)
+# at most that many wait on its lookups, and at most CREATE_LOOKUPS_WAITING on every organization's
+# together. So two organizations' creates to names that never answer hold 4 request threads: a third's
+# creates to names that answer still find a lookup, and its other requests and /healthz a thread; three
+# such organizations hold 6, and the 2 left are never taken by a lookup. Beyond, a create is refused at
+# once (503, Retry-After).
+CREATE_LOOKUP_THREADS, CREATE_LOOKUPS_PER_ORGANIZATION, CREATE_LOOKUPS_WAITING = 32, 2, 6
 
 api = Blueprint("api", __name__, url_prefix="/api/v1/partner")
 api.before_request(authenticate)
@@ -65,8 +69,8 @@ def create_app(overrides: dict | None = None) -> Flask:
     app.extensions["cursors"] = functools.cache(lambda: Cursors(cursor_key(), app.config["CLOCK"]))
     app.extensions["rate_limits"] = RateLimits(app)
     app.extensions["delivery"] = Dispatcher(app.config)
-    app.extensions["lookups"] = Lookups(app.config["RESOLVER"], CREATE_LOOKUP_THREADS,
-                                        CREATE_LOOKUPS_PER_ORGANIZATION, CREATE_LOOKUPS_PER_ORGANIZATION)
+    app.extensions["lookups"] = Lookups(app.config["RESOLVER"], CREATE_LOOKUP_THREADS, CREATE_LOOKUPS_PER_ORGANIZATION,
+                                        CREATE_LOOKUPS_PER_ORGANIZATION, CREATE_LOOKUPS_WAITING)
     install_health(app)  # first: it counts every request, those the hooks below refuse too
     install_request_ids(app)
     install_response_headers(app)
@@ -78,7 +82,7 @@ def create_app(overrides: dict | None = None) -> Flask:
     app.teardown_request(_close_connection)
     register_error_handlers(app)
     app.register_blueprint(api)
-    app.register_blueprint(internal)
+    install_publishing(app)
     install_docs(app)
     for group in COMMANDS:
         app.cli.add_command(group)

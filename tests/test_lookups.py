@@ -186,3 +186,19 @@ def _waits(lookups: Lookups, host: str, tenant: str) -> None:
 
 def _waiting(lookups: Lookups, tenant: str) -> int:
     return lookups._waiting[tenant]  # noqa: SLF001 - the callers under way, which no answer shows
+
+
+def test_with_a_bound_on_every_tenants_waiting_callers_a_third_tenant_is_refused_not_queued(resolver):
+    """Two organizations' creates on names that never answer hold at most `waiting` request threads
+    together: the others find one free (a create is refused at once, GET /me never waits)."""
+    lookups = Lookups(resolver, threads=8, per_tenant=4, waiting_per_tenant=4, waiting=2)
+    resolver.stalled.update({"dead-a.partner.example", "dead-b.partner.example"})
+    waiting = [threading.Thread(target=_waits, args=(lookups, f"dead-{org}.partner.example", org)) for org in "ab"]
+    for thread in waiting:
+        thread.start()
+    assert eventually(lambda: _waiting(lookups, "a") + _waiting(lookups, "b") == 2)
+    assert refused_at_once(lookups, "hooks.partner.example", "c")
+    resolver.released.set()
+    for thread in waiting:
+        thread.join()
+    assert lookups.resolve("hooks.partner.example", "c", 1) == ANSWER

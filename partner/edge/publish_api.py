@@ -3,7 +3,9 @@ platform's services, authenticated by a publisher credential (`vcp_…`), never 
 charged to an organization's rate limit. With PARTNER_OPS_PORT set they answer on that port only
 (edge/ops_port.py). Thin: parse, call partner/publishing.py, shape."""
 
-from flask import Blueprint, current_app, g, request
+import threading
+
+from flask import Blueprint, Flask, current_app, g, request
 
 from partner import publishers
 from partner.edge.json_body import read_json_object
@@ -12,9 +14,19 @@ from partner.publishing import MAX_BATCH, MAX_EVENT_BYTES, publish_once
 from partner.timestamps import now_ms
 
 MAX_BATCH_BYTES = 5 * 1024 * 1024
+# Publishes answered at once by one process. Without PARTNER_OPS_PORT they share the partner port's
+# request threads (8 a worker), and a batch may hold SQLite's writer for half a second: more at once
+# adds no throughput (one writer), only takes threads the partner API and the probes need. Beyond, 503
+# with Retry-After: 1 (examples/publisher.py waits and sends it again).
+PUBLISHES_AT_ONCE = 2
 UNAUTHORIZED_DETAIL = "A valid publisher credential is required, sent as 'Authorization: Bearer vcp_...'."
 
 internal = Blueprint("internal", __name__, url_prefix="/internal/v1")
+
+
+def install_publishing(app: Flask) -> None:
+    app.extensions["publishing_slots"] = threading.BoundedSemaphore(PUBLISHES_AT_ONCE)
+    app.register_blueprint(internal)
 
 
 @internal.before_request
@@ -42,8 +54,15 @@ def publish_batch():
 
 def _answer(body: dict, items: list, prefix: str, shape):
     """202 with the answer, or 200 with the first answer to the same Idempotency-Key again."""
-    answer, replayed = publish_once(g.publisher.id, request.headers.get("Idempotency-Key"), body, items, prefix,
-                                    now_ms(current_app.config["CLOCK"]), current_app.config["BACKLOG_LIMIT"], shape)
+    slots = current_app.extensions["publishing_slots"]
+    if not slots.acquire(blocking=False):
+        raise ApiError(503, "service_unavailable", f"{PUBLISHES_AT_ONCE} publishes are being answered by this process; "
+                       "send it again in a moment.", headers={"Retry-After": "1"})
+    try:
+        answer, replayed = publish_once(g.publisher.id, request.headers.get("Idempotency-Key"), body, items, prefix,
+                                        now_ms(current_app.config["CLOCK"]), current_app.config["BACKLOG_LIMIT"], shape)
+    finally:
+        slots.release()
     if not replayed:
         current_app.extensions["delivery"].wake()
     return current_app.response_class(answer, 200 if replayed else 202,

@@ -20,8 +20,9 @@ timeouts. Three rules now, in the order a lookup meets them:
    `per_tenant` threads, however often it asks; it is refused beyond that, as is any tenant at its
    bound, whoever's names are slow. Its callers asking again for a name it holds cost no more: a
    partner with a few endpoints whose names never answer still has lookups for the others.
-   Creates bound their waiting callers too, since those are request threads; a delivery slot is
-   bounded by the dispatcher.
+   Creates bound their waiting callers too, since those are request threads, per tenant and for the
+   whole process, below the request threads it has: two tenants' creates on names that never answer
+   leave the others a thread (a delivery slot is bounded by the dispatcher).
 2. Per name: one lookup at a time, shared by every caller that asks for the name while it runs (of
    any tenant, each counted against its own): a name that never answers holds one thread, not one
    per caller; a tenant asking for a name another's lookup holds waits for that same answer, which
@@ -76,14 +77,15 @@ class _Lookup:
 
 class Lookups:
     """Runs `resolve` on at most `threads` daemon threads, started when first needed, with lookups of
-    at most `per_tenant` names in flight for each tenant, and at most `waiting_per_tenant` (None: no
-    bound) of its callers waiting (module docstring)."""
+    at most `per_tenant` names in flight for each tenant, at most `waiting_per_tenant` of its callers
+    waiting, and at most `waiting` callers of every tenant together (None: no such bound; module
+    docstring)."""
 
     def __init__(self, resolve: Resolver, threads: int = 16, per_tenant: int = 4,
-                 waiting_per_tenant: int | None = None) -> None:
+                 waiting_per_tenant: int | None = None, waiting: int | None = None) -> None:
         self._resolve = resolve
         self._max_threads = threads
-        self._per_tenant, self._waiting_per_tenant = per_tenant, waiting_per_tenant
+        self._per_tenant, self._waiting_per_tenant, self._most_waiting = per_tenant, waiting_per_tenant, waiting
         self._threads = 0
         self._idle_threads = 0
         self._jobs: queue.SimpleQueue[tuple[str, _Lookup]] = queue.SimpleQueue()
@@ -118,6 +120,8 @@ class Lookups:
                 raise LookupsBusy(f"lookups of {self._per_tenant} names of this tenant are under way")
             if self._waiting_per_tenant is not None and self._waiting[tenant] >= self._waiting_per_tenant:
                 raise LookupsBusy(f"{self._waiting_per_tenant} callers of this tenant wait for lookups")
+            if self._most_waiting is not None and self._waiting.total() >= self._most_waiting:
+                raise LookupsBusy(f"{self._most_waiting} callers of every tenant wait for lookups")
             lookup = self._pending.get(host)
             started = lookup is None
             if started:
