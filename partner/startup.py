@@ -52,8 +52,7 @@ def start_service(app: Flask, workers: int = 1) -> None:
     _keep_private(app)
     _require_supported(database, url)
     if sqlite_file(url):
-        make_directory(url)
-        hold_serving_lock(sqlite_file(url))  # `flask db restore` refuses while it is held
+        _hold_the_file(url)
         if workers > 1:  # correct, but no faster
             log.warning("SQLite is served by one process: %d workers share its one writer and deliver no "
                         "more than one; more processes need PostgreSQL (docs/deploying.md)", workers)
@@ -168,6 +167,19 @@ def _guard(url: str, doing: str, work):
             raise
         refuse(error, "database %s cannot %s (%s): the service cannot start until it can (%s)",
                database_name(url), doing, describe(error), open_hint(url))
+
+
+def _hold_the_file(url: str) -> None:
+    """The SQLite file's directory made if missing, and the file marked as served (`flask db restore`
+    refuses while it is); refused in one line where that directory cannot be written."""
+    try:
+        make_directory(url)
+        hold_serving_lock(sqlite_file(url))
+    except OSError as error:
+        directory = os.path.dirname(os.path.abspath(sqlite_file(url)))
+        refuse(error, "refusing to start: cannot write in %s, the database's directory (%s): the service "
+               "writes the database, its -wal and -shm there; make it writable by the service's user, or "
+               "set PARTNER_DATABASE_URL to a file elsewhere", directory, error.strerror or error)
 
 
 def _keep_private(app: Flask) -> None:

@@ -2,7 +2,9 @@
 has nothing to make (partner/startup.py)."""
 
 import hashlib
+import os
 import sqlite3
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -13,8 +15,8 @@ from models import db
 from partner.keys import create_key
 from partner.errors import StartRefused
 from partner.startup import start_service
-from tests.gunicorn_server import run_flask
-from tests.support import NEW_ENCRYPTION_KEY, PUBLIC_URL, WEBHOOKS, bearer, started_app
+from tests.gunicorn_server import BIN, ROOT, run_flask
+from tests.support import NEW_ENCRYPTION_KEY, PUBLIC_URL, WEBHOOKS, bearer, free_port, started_app
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -135,3 +137,28 @@ def test_a_key_file_that_cannot_be_made_is_refused_in_one_line(config, tmp_path)
     settings = {**config, "ENCRYPTION_KEYS": None, "ENCRYPTION_KEY_FILE": str(tmp_path / "a-file/key")}
     with pytest.raises(StartRefused, match="the key file .* cannot be used"):
         start_service(create_app(settings))
+
+
+@pytest.mark.servers  # a real gunicorn
+def test_a_start_on_a_read_only_database_directory_is_refused_in_one_line(tmp_path):
+    """A directory the service cannot write (a read-only mount here; a wrong owner in production): one
+    line naming it, exit 4 (the unit then does not restart), no traceback."""
+    directory = tmp_path / "data"
+    directory.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(directory)], capture_output=True,
+                             text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root / CAP_SYS_ADMIN): {mounted.stderr.strip()}")
+    try:
+        env = {**{k: v for k, v in os.environ.items() if not k.startswith("PARTNER_")},
+               "PARTNER_DATABASE_URL": f"sqlite:///{directory}/partner.sqlite3", "PORT": str(free_port()),
+               "PARTNER_ENCRYPTION_KEY_FILE": str(tmp_path / "encryption.key")}
+        subprocess.run(["mount", "-o", "remount,ro", str(directory)], check=True)
+        started = subprocess.run([str(BIN / "gunicorn"), "--no-control-socket", "wsgi:app"], cwd=ROOT, env=env,
+                                 capture_output=True, text=True, timeout=60)
+    finally:
+        subprocess.run(["umount", "--lazy", str(directory)], check=True)
+    assert started.returncode == 4, started.stderr
+    refusals = [line for line in started.stderr.splitlines() if "refusing to start" in line]
+    assert len(refusals) == 1 and f"cannot write in {directory}, the database's directory" in refusals[0]
+    assert "Traceback" not in started.stderr
