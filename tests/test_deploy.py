@@ -224,7 +224,8 @@ def test_promtool_accepts_the_prometheus_files(check, path):
 def test_the_alert_rules_watch_metrics_the_service_exports():
     from partner.telemetry import metrics  # importing it registers every metric
     exported = {name for family in metrics.REGISTRY.collect() for name in (family.name, family.name + "_total")}
-    exported |= {"partner_database_up", "partner_deliveries_due", "partner_delivery_oldest_due_seconds"}
+    exported |= {"partner_database_up", "partner_deliveries_due", "partner_delivery_oldest_due_seconds",
+                 "partner_deliveries_ready", "partner_delivery_oldest_ready_seconds"}
     rules = (DEPLOY / "prometheus" / "alerts.yml").read_text()
     named = set(re.findall(r"\b(partner_[a-z_]+)\b", rules))
     assert len(named) == 5 and named <= exported, named - exported

@@ -20,6 +20,8 @@ DOCUMENTED_METRICS = {  # name: (type, label names)
     "partner_rate_limited": ("counter", {"kind"}),
     "partner_deliveries_due": ("gauge", set()),
     "partner_delivery_oldest_due_seconds": ("gauge", set()),
+    "partner_deliveries_ready": ("gauge", set()),
+    "partner_delivery_oldest_ready_seconds": ("gauge", set()),
     "partner_subscriptions_limited": ("gauge", {"reason"}),
 }
 
@@ -130,8 +132,8 @@ def test_attempts_dead_letters_and_the_due_backlog_are_counted(app, client, auth
                 headers=auth)
     clock.advance(30)
     queued = scrape(client)
-    assert value(queued, "partner_deliveries_due") == 1
-    assert value(queued, "partner_delivery_oldest_due_seconds") == 30
+    assert value(queued, "partner_deliveries_due") == value(queued, "partner_deliveries_ready") == 1
+    assert value(queued, "partner_delivery_oldest_due_seconds") == value(queued, "partner_delivery_oldest_ready_seconds") == 30
     assert app.extensions["delivery"].run_due() == 1
     after = scrape(client)
     assert value(after, "partner_deliveries_due") == 0
@@ -168,3 +170,19 @@ def test_an_auto_disable_is_counted(app, client, auth, failing_receiver, clock):
                     headers=auth)
     assert run_through_backoffs(app.extensions["delivery"], clock) == 2
     assert value(scrape(client), "partner_subscriptions_auto_disabled_total") == before + 1
+
+
+@pytest.mark.config(WEBHOOK_ALLOWED_NETWORKS=["127.0.0.0/8"])
+def test_a_subscription_its_receiver_holds_is_due_but_not_ready(app, client, auth, clock, start_receiver):
+    """One partner answering 429 with Retry-After while every other is current: the ready gauges,
+    which the alert rule watches, say the service owes nothing; the due ones count what waits."""
+    held = client.post(WEBHOOKS, json={"url": start_receiver(script=[429]).url}, headers=auth).get_json()
+    current = client.post(WEBHOOKS, json={"url": start_receiver().url}, headers=auth).get_json()
+    for subscription in (held, held, held, current):
+        client.post(f"{WEBHOOKS}/{subscription['id']}/test", json={"secret": subscription["secret"]}, headers=auth)
+    assert app.extensions["delivery"].run_due() == 2  # the held one's first (429: held) and the current one's
+    clock.advance(0.5)
+    scraped = scrape(client)
+    assert value(scraped, "partner_deliveries_due") == 2  # the held subscription's two others
+    assert (value(scraped, "partner_deliveries_ready"), value(scraped, "partner_delivery_oldest_ready_seconds")) == (0, 0)
+    assert client.get("/readyz").status_code == 200

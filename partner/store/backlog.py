@@ -2,7 +2,7 @@
 readiness and the metrics scrape answer even when the database does not.
 
 `due` counts open deliveries whose due time has passed: pending ones, and in-flight ones whose
-lease expired (their attempt died). An attempt in flight under a live lease is not due. Of the
+lease expired (their attempt died); `ready` those of them whose subscription no receiver holds. An attempt in flight under a live lease is not due. Of the
 subscriptions, `at_limit` counts those held at their limit (as many attempts in flight as it
 allows, and deliveries due behind them), `paused` those held for a Retry-After.
 """
@@ -25,8 +25,13 @@ log = logging.getLogger(__name__)
 # The WHERE clause repeats the delivery_due_at partial index's own condition word for word, so
 # the count walks that index (open deliveries only), however many finished rows the table holds.
 # A deleted subscription's deliveries are no backlog: nothing will send them; the purge removes them.
-_DUE = (f"SELECT COUNT(*), MIN(due_at) FROM delivery WHERE {OPEN_CONDITION} AND due_at <= {{p}} "
-        f"AND {LIVE_CONDITION}")
+# `ready`: of those, the due deliveries of subscriptions no receiver holds (for its Retry-After or a
+# failure's backoff: partner/concurrency.py): work the service owes now, where a held one is work the
+# receiver asked to wait, which would make one partner's 429s or outage look like the service lagging.
+_DUE = (f"SELECT COUNT(*), MIN(due_at), COUNT(ready), MIN(ready) FROM (SELECT due_at, CASE WHEN EXISTS "
+        f"(SELECT 1 FROM subscription WHERE subscription.id = delivery.subscription_id AND paused_until > {{p}}) "
+        f"THEN NULL ELSE due_at END AS ready FROM delivery WHERE {OPEN_CONDITION} AND due_at <= {{p}} "
+        f"AND {LIVE_CONDITION}) AS due")
 # How long the write-lock probe waits for SQLite's lock: it asks whether a write could begin now.
 PROBE_LOCK_MS = 100
 # From the attempts in flight (their partial index): few, whatever the history or the backlog.
@@ -49,9 +54,18 @@ class Backlog:
     at_limit: int = 0
     paused: int = 0
     writable: bool | None = None  # what the probe found, when asked for one (read_backlog)
+    ready: int = 0  # of `due`, those of subscriptions no receiver holds
+    oldest_ready_at: int | None = None
 
     def oldest_due_seconds(self, now_ms: int) -> float:
-        return 0.0 if self.oldest_due_at is None else max(0, now_ms - self.oldest_due_at) / 1000
+        return _age(self.oldest_due_at, now_ms)
+
+    def oldest_ready_seconds(self, now_ms: int) -> float:
+        return _age(self.oldest_ready_at, now_ms)
+
+
+def _age(at_ms: int | None, now_ms: int) -> float:
+    return 0.0 if at_ms is None else max(0, now_ms - at_ms) / 1000
 
 
 def read_backlog(now_ms: int, timeout: float, most: int, probe: bool = False) -> Backlog:
@@ -63,8 +77,8 @@ def read_backlog(now_ms: int, timeout: float, most: int, probe: bool = False) ->
         connection, p = _connect(db.obj, timeout)
         with closing(connection):
             cursor = connection.cursor()
-            cursor.execute(_DUE.format(p=p), (now_ms,))
-            row = cursor.fetchone()
+            cursor.execute(_DUE.format(p=p), (now_ms, now_ms))
+            due, oldest, ready, oldest_ready = cursor.fetchone()
             cursor.execute(_AT_LIMIT.format(p=p), (now_ms, now_ms, most, most, now_ms, now_ms))
             [at_limit] = cursor.fetchone()
             cursor.execute(_PAUSED.format(p=p), (now_ms,))
@@ -75,7 +89,11 @@ def read_backlog(now_ms: int, timeout: float, most: int, probe: bool = False) ->
         log.warning("database check failed: %s", _first_line(error))
         raise DatabaseUnavailable(f"the database could not be read within {timeout:g} s "
                                   f"({type(error).__name__})") from None
-    return Backlog(int(row[0]), None if row[1] is None else int(row[1]), int(at_limit), int(paused), writable)
+    return Backlog(int(due), _ms(oldest), int(at_limit), int(paused), writable, int(ready), _ms(oldest_ready))
+
+
+def _ms(value) -> int | None:
+    return None if value is None else int(value)
 
 
 def _write_lock_free(connection) -> bool:

@@ -125,6 +125,12 @@ class _Gauges:
         yield GaugeMetricFamily("partner_delivery_oldest_due_seconds",
                                 "Age of the oldest due delivery (0 when none is due).",
                                 value=self.backlog.oldest_due_seconds(self.now_ms))
+        yield GaugeMetricFamily("partner_deliveries_ready",
+                                "Due deliveries of subscriptions no receiver holds (for a Retry-After or a failure's "
+                                "backoff): the work the service owes now.", value=self.backlog.ready)
+        yield GaugeMetricFamily("partner_delivery_oldest_ready_seconds",
+                                "Age of the oldest due delivery no receiver holds (0 when none): alert on this one.",
+                                value=self.backlog.oldest_ready_seconds(self.now_ms))
         limited = GaugeMetricFamily("partner_subscriptions_limited",
                                     "Subscriptions whose due deliveries wait: held at their limit of attempts "
                                     "in flight (at_limit), or for a Retry-After (paused).", labels=["reason"])
