@@ -35,7 +35,7 @@ def check_stored_keys(database) -> None:
     for (key_id,) in database.execute_sql("SELECT DISTINCT secret_key_id FROM subscription").fetchall():
         if key_id not in ring.ciphers:
             raise sealing.SealingError(f"webhook secrets are sealed under key id {key_id}, which "
-                                       f"PARTNER_ENCRYPTION_KEYS does not hold: add that key back")
+                                       f"{ring.source} does not hold: add that key back")
 
 
 @dataclass(frozen=True)

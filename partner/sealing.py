@@ -6,13 +6,13 @@ subscription's id (associated data), so a sealed secret copied onto another row 
 One keyring per process, like the one database: set at start-up by `use`, read by `seal`/`open_secret`."""
 
 import base64
+import dataclasses
 import binascii
 import hashlib
 import json
 import logging
 import os
 import secrets
-from dataclasses import dataclass
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -27,9 +27,10 @@ class SealingError(Exception):
     """A key setting that cannot be used, or a secret sealed under a key this process lacks."""
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Keyring:
     ciphers: dict  # key id -> AESGCM, in configured order: the first seals
+    source: str = "PARTNER_ENCRYPTION_KEYS"  # where the keys came from, as a refusal names it
 
     @property
     def sealing_id(self) -> str:
@@ -92,7 +93,7 @@ def load_keyring(configured, key_file: str, may_use_file: bool) -> Keyring:
     if not may_use_file:
         raise SealingError("PARTNER_ENCRYPTION_KEYS is not set: on PostgreSQL every host must share the "
                         "keys (`flask encryption new-key` makes one)")
-    return keyring_of([_file_key(key_file)])
+    return dataclasses.replace(keyring_of([_file_key(key_file)]), source=f"the key file {key_file}")
 
 
 def _file_key(path: str) -> str:

@@ -162,3 +162,10 @@ def test_a_start_on_a_read_only_database_directory_is_refused_in_one_line(tmp_pa
     refusals = [line for line in started.stderr.splitlines() if "refusing to start" in line]
     assert len(refusals) == 1 and f"cannot write in {directory}, the database's directory" in refusals[0]
     assert "Traceback" not in started.stderr
+
+
+def test_a_refusal_for_an_unknown_key_names_the_key_file_the_keys_came_from(database_with_a_wal, config, tmp_path):
+    key_file = tmp_path / "another.key"
+    key_file.write_text(NEW_ENCRYPTION_KEY + "\n")
+    with pytest.raises(StartRefused, match=f"which the key file {key_file} does not hold"):
+        start_service(create_app({**config, "ENCRYPTION_KEYS": None, "ENCRYPTION_KEY_FILE": str(key_file)}))
