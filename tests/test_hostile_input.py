@@ -68,3 +68,28 @@ def test_random_requests_never_crash(client, auth, subscription_id, seed):
             continue  # keep the subscription for the rest of the run
         assert_not_a_crash(client.open(API + path, method=method, data=raw_body(rng),
                                        query_string=query, headers=headers))
+
+
+def event(rng: random.Random, depth: int = 0):
+    """A publish body's event: its fields, and others, with random values (sometimes right)."""
+    fields = {"organization": rng.choice(["acme", *STRINGS]), "event": rng.choice(["lead.created", "vc.test.ping",
+                                                                                   *STRINGS]),
+              "data": rng.choice([{"lead_id": "ld_1"}, value(rng, depth)]), "occurred_at": value(rng, depth),
+              rng.choice(STRINGS): value(rng, depth)}
+    return {name: fields[name] for name in rng.sample(list(fields), rng.randint(0, len(fields)))}
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_random_publishes_never_crash(client, credential, auth, seed):
+    client.post(f"{API}/webhooks", json={"url": "http://93.184.215.14/hook", "events": ["lead.*"]}, headers=auth)
+    rng = random.Random(seed)
+    for _ in range(20):
+        batch = rng.random() < 0.5
+        payload = ({"events": [event(rng) for _ in range(rng.randint(0, 6))], **body(rng)} if batch else event(rng))
+        data = json.dumps(payload).encode() if rng.random() < 0.8 else raw_body(rng)
+        headers = {"Authorization": f"Bearer {credential}" if rng.random() < 0.9 else rng.choice(STRINGS)}
+        if rng.random() < 0.5:
+            headers["Idempotency-Key"] = rng.choice(["k1", "k2", *STRINGS[:4], "\u00e9t\u00e9", "x" * 300])
+        path = "/internal/v1/events" + ("/batch" if batch else "")
+        assert_not_a_crash(client.open(path, method="POST", data=data, headers=headers,
+                                       content_type="application/json"))
