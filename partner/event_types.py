@@ -10,12 +10,12 @@ import json
 import re
 from dataclasses import dataclass
 
-from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 from referencing import Registry
 from referencing.exceptions import Unresolvable
 
 from models import EventType
+from partner.bounded_schemas import BoundedValidator, PatternTooSlow
 from partner.errors import OperatorError
 from partner.store.sql import select_rows, write_transaction
 
@@ -43,6 +43,8 @@ class KnownType:
             return None
         try:
             error = next(_validator(self.name, self.updated_at, self.schema).iter_errors(data), None)
+        except PatternTooSlow as failure:
+            return "", str(failure)
         except (RecursionError, Unresolvable) as failure:
             return "", f"data could not be checked against the schema: {type(failure).__name__}"
         if error is None:
@@ -52,8 +54,8 @@ class KnownType:
 
 
 @functools.lru_cache(maxsize=256)
-def _validator(name: str, updated_at: int, schema: str) -> Draft202012Validator:
-    return Draft202012Validator(json.loads(schema), registry=_NO_RETRIEVAL)
+def _validator(name: str, updated_at: int, schema: str) -> BoundedValidator:
+    return BoundedValidator(json.loads(schema), registry=_NO_RETRIEVAL)
 
 
 def registry() -> dict[str, KnownType]:
@@ -111,7 +113,7 @@ def _checked_schema(text: str) -> str:
         raise OperatorError(f"The schema is over {MAX_SCHEMA_BYTES // 1024} KiB.")
     try:
         schema = json.loads(text)
-        Draft202012Validator.check_schema(schema)
+        BoundedValidator.check_schema(schema)
     except (ValueError, SchemaError) as error:
         raise OperatorError(f"Not a valid JSON Schema (draft 2020-12): {str(error).splitlines()[0][:200]}") from None
     return json.dumps(schema, separators=(",", ":"), ensure_ascii=False)

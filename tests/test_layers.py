@@ -12,7 +12,7 @@ ROOT_MODULES = ("signing", "models", "delivery", "app", "wsgi", "gunicorn.conf")
 LAYERS = (
     ("signing", "partner.timestamps", "partner.errors", "partner.safe_text", "partner.sealing", "partner.private_files",
      "partner.envelopes"),
-    ("partner.telemetry", "partner.outbound", "partner.config", "partner.validation"),
+    ("partner.telemetry", "partner.outbound", "partner.config", "partner.validation", "partner.bounded_schemas"),
     ("partner.store", "models"),
     ("partner.keys", "partner.publishers", "partner.event_types", "partner.idempotency", "partner.publishing",
      "partner.subscriptions", "partner.events", "partner.outbox", "partner.outcomes", "partner.claims", "partner.concurrency",

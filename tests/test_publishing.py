@@ -3,6 +3,7 @@ event is checked against the registry and fanned out to the organization's match
 a batch is all or nothing, every refusal stores nothing, and an Idempotency-Key queues once."""
 
 import json
+import time
 
 import pytest
 
@@ -268,3 +269,16 @@ def test_the_metrics_count_published_events_their_fan_out_and_the_lag(client, pu
     assert sample(after, "partner_event_fanout_sum") - sample(before, "partner_event_fanout_sum") == 2
     assert sample(after, "partner_delivery_lag_seconds_count") - sample(before, "partner_delivery_lag_seconds_count") == 2
     assert sample(after, "partner_delivery_lag_seconds_sum") - sample(before, "partner_delivery_lag_seconds_sum") == 0.5
+
+
+def test_a_pattern_that_would_backtrack_for_hours_is_a_mismatch_at_once(publish, registered, subscribe):
+    """A publisher's data against an operator's careless pattern: Python's `re` would take hours on
+    this one (partner/bounded_schemas.py)."""
+    registered("lead.slow", {"type": "object", "properties": {"name": {"type": "string", "pattern": "^(a|aa)+$"}}})
+    subscribe("https://hooks.partner.example/x")
+    started = time.monotonic()
+    response = publish({"organization": "acme", "event": "lead.slow", "data": {"name": "a" * 60 + "b"}})
+    assert time.monotonic() - started < 5
+    assert field_codes(response) == [("data", "schema_mismatch")]
+    assert "took too long" in response.get_json()["errors"][0]["message"]
+    assert publish({"organization": "acme", "event": "lead.slow", "data": {"name": "aaa"}}).status_code == 202
