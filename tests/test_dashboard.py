@@ -103,7 +103,9 @@ def test_every_panel_query_returns_data_from_a_real_prometheus_scraping_the_serv
     outcomes = {series["metric"]["outcome"] for series in by_title["Attempts per second, by outcome"]}
     assert {"delivered", "http_status"} <= outcomes
     assert total(by_title["Attempts per second, by outcome"]) > 0
-    assert [series["metric"]["kind"] for series in by_title["Rate-limited requests per second"]] == ["organization"]
+    limited = {series["metric"]["kind"]: float(series["value"][1]) for series in by_title["Rate-limited requests per second"]}
+    assert set(limited) == {"organization", "failed_auth"}  # both exported from the start, at zero until counted
+    assert [kind for kind, rate in limited.items() if rate > 0] == ["organization"]
     dead_letters, auto_disables = dead_and_disabled()
     assert busy_until(lambda: total(prometheus.query(dead_letters)) >= 4 and total(prometheus.query(auto_disables)) >= 2)
 
