@@ -25,7 +25,7 @@ from partner.edge.json_body import read_json_object
 from partner.validation import Field, validate
 from partner.keys import IDENTITY_READ, WEBHOOKS_MANAGE
 from partner.events import TEST_PING, failures_page, trigger_test_ping
-from partner.operator.cli import COMMANDS
+from partner.operator.cli import COMMANDS, refuse_flask_run
 from partner.outbound.dns import Lookups
 from partner.outbound.transport import Deadline
 from partner.startup import refuse
@@ -56,6 +56,7 @@ def create_app(overrides: dict | None = None) -> Flask:
     """Build the app: configuration, extensions, routes, CLI. Opens no file and no connection, and
     starts no thread: partner/startup.py is the start-up step, and the delivery scheduler is started
     by the server's worker hook."""
+    refuse_flask_run()
     app = Flask(__name__)
     try:
         load_config(app, overrides)

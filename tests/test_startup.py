@@ -169,3 +169,12 @@ def test_a_refusal_for_an_unknown_key_names_the_key_file_the_keys_came_from(data
     key_file.write_text(NEW_ENCRYPTION_KEY + "\n")
     with pytest.raises(StartRefused, match=f"which the key file {key_file} does not hold"):
         start_service(create_app({**config, "ENCRYPTION_KEYS": None, "ENCRYPTION_KEY_FILE": str(key_file)}))
+
+
+@pytest.mark.parametrize("app_option", [(), ("--app", "app", "--debug")])  # wsgi.py's app, or the factory with its reloader
+def test_flask_run_is_refused_in_one_line_pointing_to_make_run(server_env, app_option):
+    """`flask run` would serve without the start-up step (gunicorn.conf.py's hooks): no migration,
+    no keys in the worker, no delivery scanner."""
+    result = run_flask(server_env, *app_option, "run", "--port", str(free_port()), timeout=20)
+    assert (result.returncode, result.stderr.count("\n")) == (1, 1), result.stderr
+    assert "`make run`" in result.stderr and "Traceback" not in result.stderr

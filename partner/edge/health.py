@@ -123,7 +123,7 @@ def _read_backlog(now: int, most: int):
 
 
 # Under gunicorn (metrics summed over workers), a scrape and the backlog are at most a second old;
-# in a single process (tests, `flask run`) every request reads them afresh.
+# in a single process (the tests) every request reads them afresh.
 _FRESHNESS_SECONDS = 1.0 if metrics.SHARED else 0.0
 _recent_scrape, _recent_backlog = Recent(_FRESHNESS_SECONDS), Recent(_FRESHNESS_SECONDS)
 

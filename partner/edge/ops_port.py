@@ -32,7 +32,7 @@ def is_ops_path(path: str) -> bool:
 def arrival_port(environ: dict) -> int | None:
     """The local port of the connection the request came on (None: a unix socket)."""
     connection = environ.get("gunicorn.socket")
-    if connection is None:  # another server (tests, `flask run`): the port it listens on
+    if connection is None:  # another server (the tests'): the port it listens on
         return int(environ.get("SERVER_PORT") or 0)
     address = connection.getsockname()
     return address[1] if isinstance(address, tuple) else None
