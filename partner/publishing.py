@@ -9,6 +9,7 @@ on the open-deliveries index up to the limit and no further, and a count is reus
 every publish: the limit may be passed by what other processes queue within that second."""
 
 import json
+import logging
 import threading
 import time
 from dataclasses import dataclass
@@ -27,6 +28,8 @@ MAX_EVENT_BYTES = 256 * 1024
 RESERVED_PREFIX = "vc."
 FIELDS = ("organization", "event", "data", "occurred_at")
 COUNT_TTL_SECONDS = 1.0
+
+log = logging.getLogger(__name__)
 
 _SUBSCRIBERS = ("SELECT s.id, s.organization_id, s.events FROM subscription AS s JOIN organization AS o "
                 "ON o.id = s.organization_id WHERE o.slug = {p} AND s.active = TRUE AND s.deleted_at IS NULL")
@@ -128,8 +131,8 @@ def publish(incoming: list[Incoming], now_ms: int, backlog_limit: int, before_co
         if subscription_ids:
             organization_id = subscribers[item.organization][0]["organization_id"]
             adding[organization_id] = adding.get(organization_id, 0) + len(subscription_ids)
-    for organization_id, count in adding.items():
-        _backlog.check(organization_id, count, backlog_limit)
+    for organization_id in adding:
+        _backlog.check(organization_id, backlog_limit)
     accepted = [Accepted(item.event, item.organization, len(ids)) for item, ids in fanned]
     with write_transaction():
         queue_events([(item.event, ids) for item, ids in fanned], now_ms)
@@ -160,10 +163,19 @@ def publish_once(publisher_id: str, key: str | None, body: dict, items: list, pr
         accepted = publish(check_events(items, now_ms, prefix), now_ms, backlog_limit, keep)
     except BaseException:
         if key is not None:
-            idempotency.give_back(publisher_id, key)
+            _give_back(publisher_id, key)
         raise
     metrics.count_published(accepted)
     return answer[0], False
+
+
+def _give_back(publisher_id: str, key: str) -> None:
+    """Free a refused request's key; if the database refuses that too (an outage: the refusal itself),
+    the key is free again after idempotency.IN_PROGRESS_MS, and the refusal raised is the first one."""
+    try:
+        idempotency.give_back(publisher_id, key)
+    except Exception as error:  # noqa: BLE001 - the caller raises the refusal that matters
+        log.warning("an idempotency key stays reserved until it expires: %s", type(error).__name__)
 
 
 class _Backlogs:
@@ -173,7 +185,8 @@ class _Backlogs:
         self._counts: dict[str, tuple[int, float]] = {}
         self._lock = threading.Lock()
 
-    def check(self, organization_id: str, adding: int, limit: int) -> None:
+    def check(self, organization_id: str, limit: int) -> None:
+        """503 backlog_full if the organization already has more than `limit` open deliveries."""
         with self._lock:
             count, at = self._counts.get(organization_id, (0, -COUNT_TTL_SECONDS))
         if time.monotonic() - at >= COUNT_TTL_SECONDS or count > limit:
