@@ -15,7 +15,7 @@ from tests.support import WEBHOOKS, bearer, free_port, json_of
 # One attempt per event: each failure is a dead letter at once. A short deadline for the hanging one, not so
 # short that a busy machine makes a refused connection (or a slow TLS handshake) a timeout.
 pytestmark = pytest.mark.config(WEBHOOK_ALLOWED_NETWORKS=["127.0.0.0/8"], DELIVERY_RETRY_DELAYS=[],
-                                DELIVERY_TIMEOUT=2, AUTO_DISABLE_THRESHOLD=100)
+                                DELIVERY_TIMEOUT=1, AUTO_DISABLE_THRESHOLD=100)
 
 TLS_HOST = "hooks.example.test"
 
@@ -73,7 +73,7 @@ CAUSES = {  # cause: (error, the words of error_detail)
     "refused": ("connection_error", "connection refused by 127.0.0.1 port "),
     "reset": ("connection_error", "connection reset by the receiver while waiting for the response head"),
     "redirect": ("redirect", "302 to https://hooks.partner.example/moved?…"),
-    "hang": ("timeout", "deadline of 2 s reached while waiting for the response head"),
+    "hang": ("timeout", "deadline of 1 s reached while waiting for the response head"),
     "expired": ("tls_error", "certificate verify failed: certificate has expired"),
 }
 
