@@ -15,6 +15,7 @@ from referencing import Registry
 from referencing.exceptions import Unresolvable
 
 from models import EventType
+from partner import safe_text
 from partner.bounded_schemas import BoundedValidator, PatternTooSlow
 from partner.errors import OperatorError
 from partner.store.sql import select_rows, write_transaction
@@ -22,6 +23,7 @@ from partner.store.sql import select_rows, write_transaction
 NAME_PATTERN = re.compile(r"[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)+")
 MAX_NAME_LENGTH = 100
 MAX_SCHEMA_BYTES = 64 * 1024
+MAX_DESCRIPTION_LENGTH = 500
 MAX_FILTER = 50
 RESERVED_PREFIX = "vc."
 _REGISTRY = "SELECT name, description, schema, updated_at, retired_at FROM event_type ORDER BY name"
@@ -92,6 +94,9 @@ def add_event_type(name: str, description: str | None, schema_text: str | None, 
                             f"(at most {MAX_NAME_LENGTH} characters).")
     if name.startswith(RESERVED_PREFIX):
         raise OperatorError(f"{RESERVED_PREFIX}* event types are the service's own.")
+    if description is not None and (len(description) > MAX_DESCRIPTION_LENGTH or safe_text.unfit_for_a_label(description)):
+        raise OperatorError(f"A description is plain text (no control or bidi formatting character), at most "
+                            f"{MAX_DESCRIPTION_LENGTH} characters: partners read it in the API document.")
     schema = _checked_schema(schema_text) if schema_text is not None else None
     with write_transaction():
         old = EventType.get_or_none(EventType.name == name)

@@ -68,6 +68,8 @@ def test_event_types_are_added_changed_listed_and_retired(flask_cli, tmp_path, c
     (("Lead.Created",), "not an event type name"),
     (("lead",), "not an event type name"),
     (("lead." + "x" * 100,), "not an event type name"),
+    (("lead.created", "--description", "evil \u202e text"), "plain text"),
+    (("lead.created", "--description", "x" * 501), "at most 500 characters"),
 ])
 def test_a_bad_event_type_name_is_refused_in_one_line(flask_cli, args, refusal):
     result = flask_cli("event-types", "add", *args)
