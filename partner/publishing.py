@@ -19,6 +19,7 @@ from partner import event_types, idempotency
 from partner.envelopes import compact
 from partner.errors import ApiError, ValidationError, field_error
 from partner.events import new_event_id, queue_events
+from partner.keys import SLUG_PATTERN
 from partner.store.sql import select_rows, write_transaction
 from partner.telemetry import metrics
 from partner.timestamps import iso, parse_rfc3339
@@ -83,6 +84,9 @@ def _check(item, registry, where: str) -> list[dict]:
         if not isinstance(item.get(name), str) or not item[name]:
             code = "required" if item.get(name) is None else "invalid_type"
             errors.append(field_error(f"{where}{name}", code, "This field is a non-empty string."))
+    if isinstance(item.get("organization"), str) and item["organization"] and not SLUG_PATTERN.fullmatch(item["organization"]):
+        errors.append(field_error(f"{where}organization", "invalid_type",
+                                  "An organization slug: 1-63 of a-z, 0-9 and '-', not starting with '-'."))
     if not isinstance(item.get("data"), dict):
         code = "required" if item.get("data") is None else "invalid_type"
         errors.append(field_error(f"{where}data", code, "This field is a JSON object."))
