@@ -125,6 +125,8 @@ def _checked_schema(text: str) -> str:
 
 
 def retire_event_type(name: str, now_ms: int) -> None:
+    if not NAME_PATTERN.fullmatch(name):  # never registered, and PostgreSQL refuses NUL in a query
+        raise OperatorError(f"No event type {name!r}.")
     with write_transaction():
         if not EventType.update(retired_at=now_ms).where((EventType.name == name) & EventType.retired_at.is_null()).execute():
             if not EventType.select().where(EventType.name == name).exists():

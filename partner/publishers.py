@@ -15,6 +15,7 @@ from partner.store.sql import random_token, select_rows, write_transaction
 PREFIX = "vcp_"
 CREDENTIAL_PATTERN = re.compile(r"(?:bearer[ \t]+)?vcp_([A-Za-z0-9]{16,64})\.([A-Za-z0-9_-]{43,128})", re.IGNORECASE)
 NAME_PATTERN = re.compile(r"[a-z0-9-]{1,64}")
+ID_PATTERN = re.compile(r"[A-Za-z0-9]{16,64}")
 _LOOKUP = "SELECT id, secret_hash, revoked_at FROM publisher WHERE id = {p}"
 
 
@@ -46,6 +47,8 @@ def list_publishers() -> list[Publisher]:
 
 
 def revoke_publisher(publisher_id: str, now_ms: int) -> Publisher:
+    if not ID_PATTERN.fullmatch(publisher_id):  # never issued, and PostgreSQL refuses NUL in a query
+        raise OperatorError(f"No publisher {publisher_id!r}.")
     with write_transaction():
         Publisher.update(revoked_at=now_ms).where((Publisher.id == publisher_id) & Publisher.revoked_at.is_null()).execute()
         publisher = Publisher.get_or_none(Publisher.id == publisher_id)

@@ -43,9 +43,12 @@ def test_a_publisher_name_is_unique_and_plain(flask_cli, name, refusal):
     assert result.exit_code == 1 and refusal in result.output and "Traceback" not in result.output
 
 
-def test_revoking_an_unknown_publisher_exits_1_naming_it(flask_cli):
-    result = flask_cli("publishers", "revoke", "nosuchpublisher0000")
-    assert result.exit_code == 1 and "nosuchpublisher0000" in result.output
+@pytest.mark.both_databases
+@pytest.mark.parametrize("command", [("publishers", "revoke", "nosuchpublisher0000"), ("publishers", "revoke", "x\x00y"),
+                                     ("event-types", "retire", "no.such"), ("event-types", "retire", "no\x00such")])
+def test_an_unknown_publisher_or_type_exits_1_naming_it(flask_cli, command):
+    result = flask_cli(*command)
+    assert result.exit_code == 1 and "No " in result.output and "Traceback" not in result.output
 
 
 def test_event_types_are_added_changed_listed_and_retired(flask_cli, tmp_path, client, auth):
