@@ -1,9 +1,12 @@
 """Database access beside the models: write transactions in turn, hand-written SQL of the hot paths,
 keyset pages, and the identifiers rows are stored under."""
 
+import functools
+import re
 import secrets
 import string
 import threading
+from collections.abc import Mapping
 from contextlib import contextmanager
 
 from peewee import OperationalError
@@ -84,11 +87,55 @@ def _rolled_back_cause(error: OperationalError) -> BaseException:
     return cause if isinstance(cause, OperationalError) else error
 
 
+# A parameter: `:name`, not the second colon of PostgreSQL's `::type` cast, nor inside a word.
+_PARAMETER = re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")
+
+
+class ParameterError(Exception):
+    """A statement and its parameters do not match: a name it uses is missing, or one given is unused."""
+
+
 def run_sql(template: str, params, ids: int = 0, **parts: str):
-    """Execute a hand-written, portable statement of a hot path: {p} is the driver's placeholder,
-    {ids} a list of `ids` of them, any other {name} a fixed SQL part from `parts`."""
+    """Execute a hand-written, portable statement of a hot path. `:name` is a parameter bound from the
+    mapping `params` by name (bind); any {name} a fixed SQL part from `parts`."""
+    if isinstance(params, Mapping):
+        text, values = bind(template.format(**parts) if parts else template, params, db.param)
+        return db.execute_sql(text, values)
     p = db.param
     return db.execute_sql(template.format(p=p, ids=", ".join([p] * ids), **parts), tuple(params))
+
+
+def bind(text: str, params: Mapping, placeholder: str) -> tuple[str, tuple]:
+    """`text` with each `:name` replaced by the driver's `placeholder`, and the values in that order.
+    A list value is a list of placeholders (`IN (:ids)`), a list of tuples one row of them per tuple
+    (`VALUES :rows`). Raises ParameterError for a name used but not given, one given but not used, or
+    an empty list (`IN ()` is no SQL)."""
+    texts, names = _split(text)
+    if missing := set(names) ^ params.keys():
+        raise ParameterError(f"parameters {sorted(missing)} are not both used and given")
+    out, values = [texts[0]], []
+    for name, following in zip(names, texts[1:]):
+        value = params[name]
+        if not isinstance(value, (list, tuple)):
+            out.append(placeholder)
+            values.append(value)
+        elif not value:
+            raise ParameterError(f"parameter {name} is an empty list")
+        elif isinstance(value[0], (list, tuple)):
+            out.append(", ".join("(" + ", ".join([placeholder] * len(row)) + ")" for row in value))
+            values.extend(item for row in value for item in row)
+        else:
+            out.append(", ".join([placeholder] * len(value)))
+            values.extend(value)
+        out.append(following)
+    return "".join(out), tuple(values)
+
+
+@functools.lru_cache(maxsize=512)
+def _split(text: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The text between parameters, and the parameters' names in order."""
+    pieces = _PARAMETER.split(text)
+    return tuple(pieces[0::2]), tuple(pieces[1::2])
 
 
 def value_rows(count: int, width: int) -> str:
@@ -115,7 +162,7 @@ def page_of(rows: list[dict], limit: int, names: list[str]):
 # A committed write that changes nothing a partner sees: the proof that the database takes writes.
 # Beginning a transaction proves nothing: on a full disk SQLite begins one, and fails the commit.
 # Its value must differ each time: SQLite skips writing a row rewritten unchanged.
-WRITE_PROBE = ("INSERT INTO setting (name, value) VALUES ('write_probe', {p}) "
+WRITE_PROBE = ("INSERT INTO setting (name, value) VALUES ('write_probe', :value) "
                "ON CONFLICT (name) DO UPDATE SET value = excluded.value")
 
 
@@ -123,4 +170,4 @@ def probe_write() -> None:
     """Commit WRITE_PROBE; raises what the database raises. While the database is down, this is how a
     process with nothing else to write learns that it takes writes again (availability.watch_commit)."""
     with write_transaction():
-        run_sql(WRITE_PROBE, (random_token(16),))
+        run_sql(WRITE_PROBE, {"value": random_token(16)})
