@@ -19,10 +19,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from partner import retention
-from partner.claims import any_due, next_due_at
+from partner.claims import Claim, any_due, next_due_at
 from partner.courier import Courier
 from partner.jobs import SCAN_JOB, Jobs
-from partner.outbox import Claim, claim_due, release
+from partner.outbox import claim_due, release
 from partner.store.availability import database_failed, database_outage, describe, is_unavailable
 from partner.store.connection import db
 from partner.store.sql import probe_write
@@ -53,8 +53,12 @@ class Dispatcher:
         self.concurrency = config["DELIVERY_CONCURRENCY"]
         self.most_per_subscription = config["DELIVERY_MAX_PER_SUBSCRIPTION"]
         self.enabled = config["SCHEDULER_ENABLED"]
+        # The pool's threads: the slots, and as many again that only an organization below its share of
+        # the slots may take (partner/queue.py), so that one whose receivers hold every slot for seconds
+        # does not hold up another's deliveries until they end.
+        self.threads = 2 * self.concurrency
         self.refill_at = max(1, min(REFILL_BATCH, self.concurrency // 2))
-        self._free_slots = self.concurrency
+        self._free_slots = self.threads
         # Of those, how many subscriptions whose last attempt failed may still take.
         self._free_failing_slots = max(1, self.concurrency // 2)
         self._slots_lock = threading.Lock()
@@ -74,7 +78,7 @@ class Dispatcher:
         """Start the pool and the polling job (no-op when PARTNER_SCHEDULER_ENABLED is false)."""
         if not self.enabled or self._pool:
             return
-        self._pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="delivery")
+        self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="delivery")
         self.jobs.start()
         log.info("delivery scanner started: concurrency=%d poll_interval=%ss",
                  self.concurrency, self.jobs.poll_interval)
@@ -123,7 +127,7 @@ class Dispatcher:
             with db.connection_context():
                 if database_outage.active:  # a claim of nothing writes nothing: prove writes commit
                     probe_write()
-                claims = self._claim(reserved, failing)
+                claims = self._claim(reserved, failing, max(0, reserved - (self.threads - self.concurrency)))
         except Exception as error:  # noqa: BLE001 - unavailability backs off, the rest re-raised
             self._back_off(error)
             return 0
@@ -189,17 +193,18 @@ class Dispatcher:
         done = 0
         while True:
             with db.connection_context():
-                claims = self._claim(1, None)
+                claims = self._claim(1, None, 1)
             if not claims:
                 return done
             self.courier.attempt(claims[0])
             done += 1
 
-    def _claim(self, limit: int, failing: int | None) -> list[Claim]:
+    def _claim(self, limit: int, failing: int | None, spare: int) -> list[Claim]:
         """Claim up to `limit` due deliveries, at most `failing` of them (None: any number) to
-        subscriptions whose last attempt failed (outbox.claim_due)."""
+        subscriptions whose last attempt failed, and beyond the `spare` slots only to organizations
+        below their share (outbox.claim_due)."""
         return claim_due(now_ms(self.clock), limit, self.courier.lease_ms, failing, self.auto_disable_threshold,
-                         self.most_per_subscription)
+                         self.most_per_subscription, self.concurrency, spare)
 
     def _run_in_slot(self, claim: Claim) -> None:
         try:
@@ -232,4 +237,4 @@ class Dispatcher:
         with self._slots_lock:
             self._free_slots += count
             self._free_failing_slots += failing
-            return self._free_slots == self.concurrency
+            return self._free_slots == self.threads

@@ -3,7 +3,7 @@
 from peewee import (SQL, BigIntegerField, BlobField, BooleanField, CompositeKey, ForeignKeyField, IntegerField,
                     Model, ModelIndex, TextField)
 
-from partner import sealing
+from partner import queue, sealing
 from partner.store.connection import db
 
 
@@ -102,26 +102,11 @@ class Delivery(BaseModel):
         primary_key = CompositeKey("event", "subscription")
 
 
-# Literal, not bound parameters: SQLite uses a partial index only for a query that repeats its
-# WHERE clause word for word, so the claim query and the index share this one fragment.
-OPEN_CONDITION = "\"state\" IN ('pending', 'in_flight')"
-IN_FLIGHT_CONDITION = "\"state\" = 'in_flight'"
+# The queue's conditions (partner/queue.py), repeated word for word by the partial indexes.
+OPEN_CONDITION, IN_FLIGHT_CONDITION = queue.OPEN, queue.IN_FLIGHT
 IS_OPEN, IS_IN_FLIGHT = SQL(OPEN_CONDITION), SQL(IN_FLIGHT_CONDITION)
-# A delivery whose subscription is not deleted (a deleted one's history waits for the purge).
-LIVE_SUBSCRIPTION = ("SELECT 1 FROM subscription WHERE subscription.id = delivery.subscription_id "
-                     "AND subscription.deleted_at IS NULL")
-LIVE_CONDITION = f"EXISTS ({LIVE_SUBSCRIPTION})"
-# The fragments above by the names the hand-written statements use: {open}, {in_flight}, {live}.
+LIVE_SUBSCRIPTION, LIVE_CONDITION = queue.LIVE_SUBSCRIPTION, queue.LIVE
 SQL_CONDITIONS = {"open": OPEN_CONDITION, "in_flight": IN_FLIGHT_CONDITION, "live": LIVE_CONDITION}
-
-
-def allowance(alias: str) -> str:
-    """SQL: how many attempts the subscription row `alias` may have in flight now (partner/concurrency.py):
-    0 while a Retry-After hold lasts, else its pin or its adaptive limit, at most the most configured.
-    Its placeholders take (now_ms, most, most), in that order, within the statement it is part of."""
-    limit = f"COALESCE({alias}.concurrency_pin, {alias}.concurrency_limit)"
-    return (f"CASE WHEN {alias}.paused_until > {{p}} THEN 0 WHEN {limit} > {{p}} THEN {{p}} "
-            f"ELSE {limit} END")
 
 
 Delivery.add_index(ModelIndex(Delivery, (Delivery.due_at,), name="delivery_due_at").where(IS_OPEN))

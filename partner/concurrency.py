@@ -59,7 +59,7 @@ next one starts.
 
 Where it lives: the limit in the subscription's row; the attempts in flight are the live leases
 (the delivery_in_flight index), so every process and host sees the same two numbers, and a claim
-takes at most the limit less those in flight, in its one write transaction (outbox._TAKE).
+takes at most the limit less those in flight, in its one write transaction (queue.TAKE).
 """
 
 import email.utils
@@ -67,7 +67,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from models import SQL_CONDITIONS
+from partner import queue
 from partner.store.sql import run_sql, select_rows
 from partner.outbound.transport import AttemptResult
 
@@ -157,29 +157,22 @@ def effective_limit(pin: int | None, limit: int, most: int) -> int:
 
 # --- the state, read and written in the recording's transaction -----------------------------------
 
-# The subscriptions of a batch's successes that can widen: adaptive, below the most, held at their
-# limit (attempts in flight under a live lease, this batch's among them, not fewer than the limit)
-# with a delivery due behind them. The counts walk the delivery_in_flight and delivery_queue indexes.
-_HELD_AT_LIMIT = ('SELECT s.id, s.concurrency_limit AS lim, s.concurrency_ceiling AS ceiling FROM subscription AS s '
-                  'WHERE s.id IN ({ids}) AND s.concurrency_pin IS NULL AND s.concurrency_limit < {p} '
-                  'AND (SELECT COUNT(*) FROM delivery WHERE subscription_id = s.id AND {in_flight} '
-                  'AND due_at > {p}) >= s.concurrency_limit '
-                  'AND EXISTS (SELECT 1 FROM delivery WHERE subscription_id = s.id AND {open} AND due_at <= {p})')
-_SET_LIMIT = 'UPDATE subscription SET concurrency_limit = {p}, concurrency_ceiling = {p} WHERE id = {p}'
-_SET_PUSHED_BACK = ('UPDATE subscription SET concurrency_limit = {p}, concurrency_ceiling = {p}, paused_until = {p} '
-                    'WHERE id = {p}')
+# The limit's state changes here and only here: widened after successes, narrowed and held after a failure.
+_SET_LIMIT = 'UPDATE subscription SET concurrency_limit = :limit, concurrency_ceiling = :ceiling WHERE id = :id'
+_SET_PUSHED_BACK = ('UPDATE subscription SET concurrency_limit = :limit, concurrency_ceiling = :ceiling, '
+                    'paused_until = :paused_until WHERE id = :id')
 
 
 def widen(draws_by_subscription: dict[str, list[float]], now_ms: int, most: int) -> None:
     """Widen each subscription held at its limit by its successes (`draws_by_subscription`: one draw
     per success). Call inside the recording's transaction, before its successes leave flight."""
-    ids = list(draws_by_subscription)
-    rows = select_rows(_HELD_AT_LIMIT, (*ids, most, now_ms, now_ms), ids=len(ids), **SQL_CONDITIONS)
+    rows = select_rows(queue.HELD_AT_LIMIT, {"subscription_ids": sorted(draws_by_subscription), "most": most,
+                                             "now_ms": now_ms})
     for row in rows:
         current = Limit(row["lim"], row["ceiling"])
         after = widened(current, draws_by_subscription[row["id"]], most)
         if after != current:
-            run_sql(_SET_LIMIT, (after.limit, after.ceiling, row["id"]))
+            run_sql(_SET_LIMIT, {"limit": after.limit, "ceiling": after.ceiling, "id": row["id"]})
 
 
 def push_back(subscription_id: str, state: dict, result: AttemptResult, finished_at_ms: int) -> int | None:
@@ -194,5 +187,6 @@ def push_back(subscription_id: str, state: dict, result: AttemptResult, finished
     if paused_until is None or held > paused_until:
         paused_until = held
     if after != current or paused_until != state["paused_until"]:
-        run_sql(_SET_PUSHED_BACK, (after.limit, after.ceiling, paused_until, subscription_id))
+        run_sql(_SET_PUSHED_BACK, {"limit": after.limit, "ceiling": after.ceiling, "paused_until": paused_until,
+                                   "id": subscription_id})
     return paused_until

@@ -11,7 +11,8 @@ import time
 
 from partner.errors import OurResourcesBusy
 from partner.outbound.sender import Sender
-from partner.outbox import Claim, put_off
+from partner.claims import Claim
+from partner.outbox import put_off
 from partner.outcomes import NOT_RECORDED, Outcome, Recorded, write_outcomes
 from partner.retry import MAX_JITTER, RetryPolicy
 from partner.store.availability import database_failed, describe, is_unavailable

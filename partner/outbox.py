@@ -24,7 +24,7 @@ ends right:
   subscriptions._DROP_LEASES ran before the take committed and could not see it;
 - recording holds it first: the outcome commits before the delete does, which then finds no attempt.
 Deadlocks: the take waits for nothing (SKIP LOCKED, and only a try at each subscription's turn:
-_TAKE_TURN); recording, the delete and an auto-disable (part of recording) take the delivery before
+queue.TAKE_TURN); recording, the delete and an auto-disable (part of recording) take the delivery before
 the subscription; `flask encryption rotate` passes over held rows. Two rare cycles remain, and PostgreSQL ends each by rolling one side back, which is made
 again (the scan, the request, or the operator's command, which says so): a claim settling a delivery
 it will not attempt (_attemptable) writes as recording does while it holds the subscription; and a
@@ -34,109 +34,35 @@ way when an auto-disable dead-lettered it (it keeps its lease), held by its reco
 
 import logging
 import secrets
-import time
 from collections import Counter
-from dataclasses import dataclass, field
 
-from models import LIVE_SUBSCRIPTION, SQL_CONDITIONS, Delivery, allowance
-from partner import dead_letters
-from partner.claims import Pick, pick_due
+from models import Delivery
+from partner import dead_letters, queue
+from partner.claims import MAX_UNRECORDED, Claim, NEVER_RECORDED, Pick, pick_due
 from partner.config import DEFAULTS
 from partner.envelopes import envelope
-from partner.outbound.transport import AttemptResult
 from partner.outcomes import record_failure
 from partner.retry import RetryPolicy
 from partner.sealing import SealingError, open_secret
-from partner.store.sql import is_sqlite, run_sql, select_rows, value_rows, write_transaction
+from partner.store.sql import is_sqlite, run_sql, select_rows, write_transaction
 
 log = logging.getLogger(__name__)
 
-# Every attempt runs these, so they are written once as SQL rather than built by the ORM each time:
-# peewee spent more of the dispatcher's CPU compiling them than SQLite spent running them
-# (bench/delivery_throughput). Portable, like keys._KEY_LOOKUP, and run by sql.run_sql, which
-# fills every {name} in one pass; the state conditions are the partial indexes' own (models), so
-# the indexes still apply.
-# Takes the picked deliveries (claims.pick_due) that are still due and whose subscription is not
-# deleted: the pick was read before this statement, another process may have taken one or deleted its
-# subscription since, and on PostgreSQL SKIP LOCKED passes over one it is taking. A delivery in flight
-# whose lease expired is an attempt whose outcome was never recorded: it is counted here. What was
-# taken is read next, in the same transaction, by its lease token (_CLAIMED). On PostgreSQL {live} is
-# _HELD_LIVE.
-# Of each subscription's, it takes no more than its allowance less its attempts in flight under a
-# live lease (partner/concurrency.py), oldest first: counted in this statement, inside the claim's
-# write transaction, so no other claim can take the same room meanwhile (on SQLite, the one writer;
-# on PostgreSQL, claims of one subscription take turns: _TAKE_TURN).
-_TAKE = ('UPDATE delivery SET state = {p}, due_at = {p}, lease_token = {p}, '
-         'unrecorded = unrecorded + CASE WHEN {in_flight} THEN 1 ELSE 0 END WHERE event_id IN ({ids}) '
-         'AND (event_id, subscription_id) IN '
-         '(SELECT event_id, subscription_id FROM (SELECT event_id, subscription_id, ROW_NUMBER() OVER '
-         '(PARTITION BY subscription_id ORDER BY due_at, seq, event_id) AS nth FROM '
-         '(SELECT event_id, subscription_id, due_at, seq FROM delivery WHERE event_id IN ({ids}) '
-         'AND (event_id, subscription_id) IN (VALUES {pairs}) AND {open} '
-         'AND due_at <= {p} AND {live}{lock}) AS takeable) AS ranked WHERE nth <= '
-         '(SELECT ' + allowance("s") + ' FROM subscription AS s WHERE s.id = ranked.subscription_id) - '
-         '(SELECT COUNT(*) FROM delivery AS f WHERE f.subscription_id = ranked.subscription_id '
-         'AND {in_flight} AND f.due_at > {p}))')
-# PostgreSQL: a claim's statement cannot see another's uncommitted take, so claims of one subscription
-# take turns on a transaction-scoped advisory lock, each counting the attempts in flight after the
-# last has committed; one held by another claim is passed over, as SKIP LOCKED passes over rows. In
-# a key space of its own (two keys), apart from the migrations' lock (one key).
-_TAKE_TURN = ('SELECT v.id FROM (VALUES {rows}) AS v (id) '
-              'WHERE pg_try_advisory_xact_lock({p}, hashtext(v.id))')
-CLAIM_LOCK_CLASS = 0x70617274  # any constant
-# Holds the subscription until the claim commits, or passes over one another transaction writes (a delete
-# under way): the take's half of the module docstring's rule.
-_HELD_LIVE = f"EXISTS ({LIVE_SUBSCRIPTION} FOR SHARE SKIP LOCKED)"
-_CLAIMED = ('SELECT e.id AS event_id, e.kind, e.body, e.occurred_at, e.data, e.created_at, d.attempts, d.unrecorded, '
-            's.id AS subscription_id, '
-            's.organization_id, s.url, s.secret_key_id, s.secret_sealed, s.consecutive_failures, s.active, '
-            's.concurrency_pin IS NULL AND s.concurrency_limit < {p} AS may_widen '
-            'FROM delivery AS d JOIN event AS e ON e.id = d.event_id '
-            'JOIN subscription AS s ON s.id = d.subscription_id WHERE d.event_id IN ({ids}) AND d.lease_token = {p}')
-_RELEASE = ('UPDATE delivery SET state = {p}, due_at = {p}, lease_token = NULL, ended = {p} '
-            'WHERE lease_token = {p} AND event_id = {p} AND subscription_id = {p} AND {in_flight}')
-# A delivery given back unattempted, due later (_put_off): its subscription's pending deliveries wait with
-# it, so that none overtakes it, and, when this process cannot open the subscription's secret, so that
-# each scan does not take (and log) the next.
-_POSTPONE = "UPDATE delivery SET due_at = {p} WHERE subscription_id = {p} AND state = 'pending' AND due_at < {p}"
-
-@dataclass(frozen=True)
-class Claim:
-    """One claimed delivery: everything an attempt needs, read once at claim time."""
-    event_id: str
-    kind: str
-    body: bytes
-    attempt: int
-    lease_token: str
-    subscription_id: str
-    organization_id: str
-    url: str
-    secret: str = field(repr=False)  # a repr may reach a log line or a traceback
-    failing: bool = False  # when claimed, the subscription's last attempt had failed: a failing slot
-    may_widen: bool = False  # this claim filled its subscription's adaptive limit, below the most (_filled)
-    queued_at: int = 0  # when its event was accepted (Unix ms): the lag to its first attempt is measured
-    # When the lease began, on time.monotonic: the outcome must be written before it ends.
-    claimed_at: float = field(default_factory=time.monotonic)
-
-    @property
-    def delivery(self) -> tuple[str, str]:
-        """The delivery's key: (event id, subscription id)."""
-        return self.event_id, self.subscription_id
-
-
-# Attempts whose outcome could not be written (their lease expired first) before the delivery is
-# dead-lettered with this result instead of being sent again.
-MAX_UNRECORDED = 3
-NEVER_RECORDED = AttemptResult(False, None, "not_recorded", "", 0,
-                               f"{MAX_UNRECORDED} attempts were made whose outcome could never be written")
+# Every attempt runs the queue's statements (partner/queue.py), written once as SQL rather than built
+# by the ORM each time: peewee spent more of the dispatcher's CPU compiling them than SQLite spent
+# running them (bench/delivery_throughput).
+_SQLITE_TAKE = {"live": queue.LIVE, "lock": ""}
+_POSTGRES_TAKE = {"live": queue.LIVE_HELD, "lock": " FOR UPDATE SKIP LOCKED"}
 
 
 def claim_due(now_ms: int, limit: int, lease_ms: int, failing_limit: int | None = None,
               auto_disable_threshold: int = DEFAULTS["AUTO_DISABLE_THRESHOLD"],
-              most: int = DEFAULTS["DELIVERY_MAX_PER_SUBSCRIPTION"]) -> list[Claim]:
+              most: int = DEFAULTS["DELIVERY_MAX_PER_SUBSCRIPTION"], slots: int | None = None,
+              spare: int | None = None) -> list[Claim]:
     """Claim up to `limit` due deliveries (pending and due, or in flight with an expired lease)
     for `lease_ms`, chosen by claims.pick_due: each subscription's oldest, no more than its limit
-    (at most `most`) less its attempts in flight, slots shared among organizations, at most
+    (at most `most`) less its attempts in flight, slots shared among organizations (`slots`, `spare`:
+    claims.pick_due), at most
     `failing_limit` (None: any number) to subscriptions whose last attempt failed. A due delivery is
     claimed by exactly one caller, in any process, and a subscription's limit holds across them all.
     Rows not taken are not written.
@@ -148,25 +74,24 @@ def claim_due(now_ms: int, limit: int, lease_ms: int, failing_limit: int | None 
     for, so nothing is counted as unrecorded that was never sent."""
     if limit <= 0:
         return []
-    picked = pick_due(now_ms, limit, failing_limit, most)
+    picked = pick_due(now_ms, limit, failing_limit, most, slots, spare)
     if not picked:
         return []
     token = secrets.token_hex(11)  # 22 characters; a tenth of random_token's cost, once per scan
-    locks = {"lock": ""} if is_sqlite() else {"lock": " FOR UPDATE SKIP LOCKED", "live": _HELD_LIVE}
     made: list = []  # dead letters, reported once committed
     with write_transaction(durable=False):
         ours = picked if is_sqlite() else _our_turn(picked)
         if not ours:
             return []
-        ids = [pick.event_id for pick in ours]
-        pairs = [value for pick in ours for value in (pick.event_id, pick.subscription_id)]
-        taken = run_sql(_TAKE, (Delivery.IN_FLIGHT, now_ms + lease_ms, token, *ids, *ids, *pairs, now_ms, now_ms, most,
-                                most, now_ms),
-                        ids=len(ids), pairs=value_rows(len(ours), 2), **{**SQL_CONDITIONS, **locks}).rowcount
+        event_ids = [pick.event_id for pick in ours]
+        taken = run_sql(queue.TAKE, {"lease_ends": now_ms + lease_ms, "token": token, "event_ids": event_ids,
+                                     "picked": [(pick.event_id, pick.subscription_id) for pick in ours],
+                                     "now_ms": now_ms, "most": most},
+                        **(_SQLITE_TAKE if is_sqlite() else _POSTGRES_TAKE)).rowcount
         if not taken:
             return []
         rows = {(row["event_id"], row["subscription_id"]): row
-                for row in select_rows(_CLAIMED, (most, *ids, token), ids=len(ids))}
+                for row in select_rows(queue.CLAIMED, {"most": most, "event_ids": event_ids, "token": token})}
         _filled(ours, rows)
         claims = _attemptable([rows[key] for pick in ours if (key := (pick.event_id, pick.subscription_id)) in rows],
                               token, now_ms, lease_ms, RetryPolicy([], auto_disable_threshold), made)
@@ -185,11 +110,11 @@ def _filled(picked: list[Pick], rows: dict[tuple[str, str], dict]) -> None:
 
 
 def _our_turn(picked: list[Pick]) -> list[Pick]:
-    """PostgreSQL: the picked deliveries of the subscriptions whose turn this claim took (_TAKE_TURN),
+    """PostgreSQL: the picked deliveries of the subscriptions whose turn this claim took (queue.TAKE_TURN),
     until its transaction ends."""
     subscriptions = sorted({pick.subscription_id for pick in picked})
-    ours = {row["id"] for row in select_rows(_TAKE_TURN, (*subscriptions, CLAIM_LOCK_CLASS),
-                                             rows=value_rows(len(subscriptions), 1))}
+    ours = {row["id"] for row in select_rows(queue.TAKE_TURN, {"subscription_ids": [(id,) for id in subscriptions],
+                                                               "lock_class": queue.CLAIM_LOCK_CLASS})}
     return [pick for pick in picked if pick.subscription_id in ours]
 
 
@@ -251,11 +176,12 @@ def put_off(claim: Claim, due_ms: int) -> bool:
 def _put_off(lease_token: str, event_id: str, subscription_id: str, due_ms: int) -> bool:
     released = _release(lease_token, event_id, subscription_id, Delivery.PENDING, due_ms)
     if released:
-        run_sql(_POSTPONE, (due_ms, subscription_id, due_ms))
+        run_sql(queue.POSTPONE, {"due_at": due_ms, "subscription_id": subscription_id})
     return bool(released)
 
 
 def _release(lease_token: str, event_id: str, subscription_id: str, state: str, due_at: int | None,
              why: str | None = None) -> int:
     """Give back a claimed delivery (pending, due again) or dead-letter it (dead, no due time, `why`)."""
-    return run_sql(_RELEASE, (state, due_at, why, lease_token, event_id, subscription_id), **SQL_CONDITIONS).rowcount
+    return run_sql(queue.RELEASE, {"state": state, "due_at": due_at, "ended": why, "token": lease_token,
+                                   "event_id": event_id, "subscription_id": subscription_id}).rowcount

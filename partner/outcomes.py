@@ -3,32 +3,28 @@ failure audited, counted and decided by the retry policy, in a write that counts
 lease is still ours. The order in which it locks rows, and what it records for a subscription
 deleted meanwhile, are the outbox's rule (its module docstring)."""
 
-from __future__ import annotations
-
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from models import Delivery, Failure
 from partner import dead_letters
+from partner.claims import Claim
 from partner.concurrency import push_back, widen
 from partner.config import DEFAULTS
 from partner.outbound.transport import AttemptResult
 from partner.retry import RetryPolicy
-from partner.store.sql import is_sqlite, new_id, run_sql, select_rows, value_rows, write_transaction
-
-if TYPE_CHECKING:  # the outbox records a claim it cannot attempt through record_failure
-    from partner.outbox import Claim
+from partner.store.sql import is_sqlite, new_id, run_sql, select_rows, write_transaction
 
 # Written once as SQL, like the outbox's statements, and for the same reason.
-_FINISH = ('UPDATE delivery SET state = {p}, attempts = {p}, due_at = {p}, lease_token = NULL, ended = COALESCE({p}, ended) '
-           'WHERE event_id = {p} AND subscription_id = {p} AND lease_token = {p}')
+_FINISH = ('UPDATE delivery SET state = :state, attempts = :attempt, due_at = :due_at, lease_token = NULL, '
+           'ended = COALESCE(:ended, ended) WHERE event_id = :event_id AND subscription_id = :subscription_id '
+           'AND lease_token = :token')
 # The attempt number is the one the claim read plus one, as outbox._claim_of counts it: the lease kept it.
 # `event_id IN` first: SQLite plans a row-value IN (VALUES ...) alone as a scan of the whole table.
 # Each subscription's failure streak is read by the same statement, not taken from the claim: a
 # failure recorded since the claim (another delivery's, whose lease had expired) is reset too.
-_FINISH_DELIVERED = ('UPDATE delivery SET state = {p}, attempts = attempts + 1, due_at = NULL, '
-                     'lease_token = NULL WHERE event_id IN ({ids}) '
-                     'AND (event_id, subscription_id, lease_token) IN (VALUES {leases}) '
+_FINISH_DELIVERED = ("UPDATE delivery SET state = 'delivered', attempts = attempts + 1, due_at = NULL, "
+                     'lease_token = NULL WHERE event_id IN (:event_ids) '
+                     'AND (event_id, subscription_id, lease_token) IN (VALUES :leases) '
                      'RETURNING event_id, subscription_id, (SELECT consecutive_failures FROM subscription '
                      'WHERE subscription.id = delivery.subscription_id) AS streak')
 # Recording's half on PostgreSQL: the deliveries whose lease is still ours and whose subscription is not
@@ -36,12 +32,12 @@ _FINISH_DELIVERED = ('UPDATE delivery SET state = {p}, attempts = attempts + 1, 
 # take: two recordings of one subscription (a late outcome and the next delivery's) holding FOR SHARE
 # would each wait for the other to let it write.
 _HOLD = ('SELECT d.event_id, d.subscription_id FROM delivery AS d JOIN subscription AS s ON s.id = d.subscription_id '
-         'WHERE d.event_id IN ({ids}) AND (d.event_id, d.subscription_id, d.lease_token) IN (VALUES {leases}) '
+         'WHERE d.event_id IN (:event_ids) AND (d.event_id, d.subscription_id, d.lease_token) IN (VALUES :leases) '
          'AND s.deleted_at IS NULL FOR UPDATE OF d FOR NO KEY UPDATE OF s')
 _RESET_STREAKS = ('UPDATE subscription SET consecutive_failures = 0 '
-                  'WHERE id IN ({ids}) AND consecutive_failures <> 0')
+                  'WHERE id IN (:subscription_ids) AND consecutive_failures <> 0')
 _COUNT_FAILURE = ('UPDATE subscription SET consecutive_failures = consecutive_failures + 1 '
-                  'WHERE id = {p} RETURNING consecutive_failures, active, concurrency_limit, concurrency_ceiling, '
+                  'WHERE id = :subscription_id RETURNING consecutive_failures, active, concurrency_limit, concurrency_ceiling, '
                   'concurrency_pin, paused_until')
 
 
@@ -106,12 +102,10 @@ def _held(outcomes: list[Outcome]) -> set[tuple[str, str]]:
     return {(row["event_id"], row["subscription_id"]) for row in _by_lease(_HOLD, [outcome.claim for outcome in outcomes])}
 
 
-def _by_lease(template: str, claims: list[Claim], *params) -> list[dict]:
-    """select_rows of a statement naming `claims` by event id ({ids}) and by delivery and lease ({leases}),
-    after `params`."""
-    leases = [value for claim in claims for value in (*claim.delivery, claim.lease_token)]
-    return select_rows(template, (*params, *[claim.event_id for claim in claims], *leases), ids=len(claims),
-                       leases=value_rows(len(claims), 3))
+def _by_lease(template: str, claims: list[Claim]) -> list[dict]:
+    """select_rows of a statement naming `claims` by event id (:event_ids) and by delivery and lease (:leases)."""
+    return select_rows(template, {"event_ids": [claim.event_id for claim in claims],
+                                  "leases": [(*claim.delivery, claim.lease_token) for claim in claims]})
 
 
 def _widen(successes: list[Outcome], most: int) -> None:
@@ -130,10 +124,10 @@ def _write_successes(outcomes: list[Outcome]) -> list[bool]:
     if not outcomes:
         return []
     claims = [outcome.claim for outcome in outcomes]
-    finished = _by_lease(_FINISH_DELIVERED, claims, Delivery.DELIVERED)
+    finished = _by_lease(_FINISH_DELIVERED, claims)
     streaks = {row["subscription_id"] for row in finished if row["streak"]}
     if streaks:
-        run_sql(_RESET_STREAKS, streaks, ids=len(streaks))
+        run_sql(_RESET_STREAKS, {"subscription_ids": sorted(streaks)})
     delivered = {(row["event_id"], row["subscription_id"]) for row in finished}
     return [claim.delivery in delivered for claim in claims]
 
@@ -142,7 +136,7 @@ def record_failure(claim: Claim, result: AttemptResult, attempted_at: int, finis
                     policy: RetryPolicy, jitter: float, made: list) -> Recorded:
     """Audit and count a failed attempt whose lease is ours, and decide what follows by `policy`; a
     dead letter or an auto-disable it makes is added to `made`. Call inside a write transaction."""
-    [streak] = select_rows(_COUNT_FAILURE, (claim.subscription_id,))
+    [streak] = select_rows(_COUNT_FAILURE, {"subscription_id": claim.subscription_id})
     held_until = push_back(claim.subscription_id, streak, result, finished_at)
     active = bool(streak["active"])
     decision = policy.after_failure(claim.attempt, streak["consecutive_failures"], active, finished_at, jitter)
@@ -152,8 +146,9 @@ def record_failure(claim: Claim, result: AttemptResult, attempted_at: int, finis
     if next_at is None:
         dead, why = dead_letters.after_failure(claim, result.error, decision.auto_disable, active, finished_at, policy)
         made += dead
-    run_sql(_FINISH, (Delivery.PENDING if next_at else Delivery.DEAD, claim.attempt, next_at, why, *claim.delivery,
-                      claim.lease_token))
+    run_sql(_FINISH, {"state": Delivery.PENDING if next_at else Delivery.DEAD, "attempt": claim.attempt,
+                      "due_at": next_at, "ended": why, "event_id": claim.event_id,
+                      "subscription_id": claim.subscription_id, "token": claim.lease_token})
     Failure.create(id=new_id("fail"), subscription=claim.subscription_id, event=claim.event_id,
                    attempt=claim.attempt, http_status=result.http_status, error=result.error,
                    response_excerpt=result.response_excerpt, duration_ms=result.duration_ms,

@@ -10,7 +10,8 @@ from prometheus_client import REGISTRY
 from models import Delivery, Subscription
 from partner.events import enqueue_test_ping
 from partner.keys import create_key
-from partner.outbox import MAX_UNRECORDED, Claim, claim_due
+from partner.claims import MAX_UNRECORDED, Claim
+from partner.outbox import claim_due
 from partner.outbound.transport import AttemptResult
 from partner.retry import RetryPolicy
 from partner.subscriptions import create_subscription

@@ -16,7 +16,8 @@ from partner.claims import pick_due
 from partner.concurrency import FIRST_BACKOFF_MS
 from partner.history import replay_dead_letters
 from partner.events import enqueue_test_ping
-from partner.outbox import MAX_UNRECORDED, claim_due, release
+from partner.claims import MAX_UNRECORDED
+from partner.outbox import claim_due, release
 from partner.outbound.transport import AttemptResult
 from partner.retry import RetryPolicy
 from partner.subscriptions import create_subscription, set_concurrency
@@ -129,6 +130,24 @@ def test_an_organization_holding_slots_waits_for_the_others_to_catch_up(organiza
 
 
 @pytest.mark.both_databases
+def test_a_newcomer_need_not_wait_for_the_slots_another_organization_holds(organization):
+    """Slow receivers: one organization fills every slot of the process (8) with long attempts. Another
+    organization's deliveries are given slots beyond them at once, up to its share (8 ÷ 2), while the
+    first is given none beyond its share."""
+    slow, newcomer = organization("slow"), organization("newcomer")
+    for subscription in subscriptions(slow, 12):
+        enqueue_ping(subscription, NOW)
+    assert len(claim_due(NOW, 8, LEASE, slots=8)) == 8  # alone: every slot
+    late = [enqueue_ping(subscription, NOW + 10) for subscription in subscriptions(newcomer, 6)]
+    claimed = [claim.event_id for claim in claim_due(NOW + 20, 8, LEASE, slots=8, spare=0)]
+    assert len(claimed) == 4 and set(claimed) <= set(late)
+    # With none waiting, the one holding more than its share is given spare slots only.
+    claim_due(NOW + 20, 8, LEASE, slots=8, spare=0)
+    assert claim_due(NOW + 30, 8, LEASE, slots=8, spare=0) == []
+    assert len(claim_due(NOW + 30, 8, LEASE, slots=8, spare=1)) == 1
+
+
+@pytest.mark.both_databases
 def test_failing_subscriptions_keep_their_cap_within_the_share(organization):
     crowd, single = organization("crowd"), organization("single")
     for subscription in subscriptions(crowd, 6):
@@ -144,8 +163,8 @@ def test_failing_subscriptions_keep_their_cap_within_the_share(organization):
 # --- the rule as a whole -------------------------------------------------------------------------
 
 def expected_pick(subscriptions: dict, deliveries: list[dict], now: int, limit: int, failing_limit: int,
-                  most: int) -> list[str]:
-    """claims.py's docstring, run in Python over plain rows: the event ids pick_due must answer."""
+                  most: int, slots: int, spare: int) -> list[str]:
+    """partner/queue.py's docstring, run in Python over plain rows: the event ids pick_due must answer."""
     leased = [d for d in deliveries if d["state"] == "in_flight" and d["due_at"] > now]
     flying = Counter(d["subscription"] for d in leased)
     held = Counter(subscriptions[d["subscription"]]["organization"] for d in leased)
@@ -165,7 +184,10 @@ def expected_pick(subscriptions: dict, deliveries: list[dict], now: int, limit: 
             candidate["turn"] = held[org] + rank
     order = sorted(candidates, key=lambda c: (c["turn"], c["due_at"], c["event_id"]))
     failing = [c for c in order if c["failing"]]
-    return [c["event_id"] for c in order if not c["failing"] or c in failing[:failing_limit]][:limit]
+    admitted = [c for c in order if not c["failing"] or c in failing[:failing_limit]]
+    busy = set(held) | {c["org"] for c in candidates}
+    share = -(-slots // len(busy)) if busy else 0
+    return [c["event_id"] for nth, c in enumerate(admitted, 1) if nth <= spare or c["turn"] <= share][:limit]
 
 
 def random_state(rng: random.Random, most_subscriptions: int = 8) -> tuple[dict, list[dict]]:
@@ -216,9 +238,10 @@ def test_every_claim_follows_the_rule_on_random_backlogs(database, backend, most
             Delivery.insert_many(deliveries).execute()
         for now, limit, failing_limit, most in [(NOW, 8, 8, 16), (NOW + 1, rng.randint(1, 4), rng.randint(0, 2), 16),
                                                 (NOW, rng.randint(2, 8), rng.randint(0, 4), rng.randint(1, 3))]:
-            picked = [pick.event_id for pick in pick_due(now, limit, failing_limit, most)]
-            assert picked == expected_pick(subscriptions, deliveries, now, limit, failing_limit, most), describe(
-                subscriptions, deliveries, now)
+            slots, spare = rng.choice([(limit, limit), (rng.randint(1, 8), rng.randint(0, limit))])
+            picked = [pick.event_id for pick in pick_due(now, limit, failing_limit, most, slots, spare)]
+            assert picked == expected_pick(subscriptions, deliveries, now, limit, failing_limit, most, slots,
+                                           spare), describe(subscriptions, deliveries, now) + f"; {slots=} {spare=}"
 
 
 # --- attempts whose outcome is never recorded ---------------------------------------------------

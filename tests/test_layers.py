@@ -13,7 +13,7 @@ LAYERS = (
     ("signing", "partner.timestamps", "partner.errors", "partner.safe_text", "partner.sealing", "partner.private_files",
      "partner.envelopes"),
     ("partner.telemetry", "partner.outbound", "partner.config", "partner.validation", "partner.bounded_schemas"),
-    ("partner.store", "models"),
+    ("partner.store", "models", "partner.queue"),
     ("partner.keys", "partner.publishers", "partner.event_types", "partner.idempotency", "partner.publishing",
      "partner.subscriptions", "partner.events", "partner.outbox", "partner.outcomes", "partner.claims", "partner.concurrency",
      "partner.retry", "partner.retention", "partner.resealing", "partner.history", "partner.dead_letters", "partner.organizations"),

@@ -1,10 +1,9 @@
 """The due backlog, read on a short-lived connection of its own with a hard time bound, so that
 readiness and the metrics scrape answer even when the database does not.
 
-`due` counts open deliveries whose due time has passed: pending ones, and in-flight ones whose
-lease expired (their attempt died); `ready` those of them whose subscription no receiver holds. An attempt in flight under a live lease is not due. Of the
-subscriptions, `at_limit` counts those held at their limit (as many attempts in flight as it
-allows, and deliveries due behind them), `paused` those held for a Retry-After.
+What counts as due, ready, held at its limit or held is the queue's rule (partner/queue.py): `due`,
+open deliveries whose due time has passed; `ready`, those of them no receiver holds; `at_limit`, the
+subscriptions held at their allowance with deliveries due behind them; `paused`, those held.
 """
 
 import logging
@@ -15,32 +14,16 @@ from dataclasses import dataclass
 import psycopg2
 from peewee import SqliteDatabase
 
-from models import IN_FLIGHT_CONDITION, LIVE_CONDITION, OPEN_CONDITION, allowance
+from partner import queue
 from partner.store import postgres
 from partner.store.backup import file_uri
 from partner.store.connection import db
+from partner.store.sql import bind
 
 log = logging.getLogger(__name__)
 
-# The WHERE clause repeats the delivery_due_at partial index's own condition word for word, so
-# the count walks that index (open deliveries only), however many finished rows the table holds.
-# A deleted subscription's deliveries are no backlog: nothing will send them; the purge removes them.
-# `ready`: of those, the due deliveries of subscriptions no receiver holds (for its Retry-After or a
-# failure's backoff: partner/concurrency.py): work the service owes now, where a held one is work the
-# receiver asked to wait, which would make one partner's 429s or outage look like the service lagging.
-_DUE = (f"SELECT COUNT(*), MIN(due_at), COUNT(ready), MIN(ready) FROM (SELECT due_at, CASE WHEN EXISTS "
-        f"(SELECT 1 FROM subscription WHERE subscription.id = delivery.subscription_id AND paused_until > {{p}}) "
-        f"THEN NULL ELSE due_at END AS ready FROM delivery WHERE {OPEN_CONDITION} AND due_at <= {{p}} "
-        f"AND {LIVE_CONDITION}) AS due")
 # How long the write-lock probe waits for SQLite's lock: it asks whether a write could begin now.
 PROBE_LOCK_MS = 100
-# From the attempts in flight (their partial index): few, whatever the history or the backlog.
-_AT_LIMIT = (f"SELECT COUNT(*) FROM (SELECT subscription_id, COUNT(*) AS n FROM delivery WHERE {IN_FLIGHT_CONDITION} "
-             f"AND due_at > {{p}} GROUP BY subscription_id) AS f JOIN subscription AS s ON s.id = f.subscription_id "
-             f"WHERE s.deleted_at IS NULL AND f.n >= ({allowance('s')}) AND (s.paused_until IS NULL OR "
-             f"s.paused_until <= {{p}}) AND EXISTS (SELECT 1 FROM delivery WHERE subscription_id = s.id "
-             f"AND {OPEN_CONDITION} AND due_at <= {{p}})")
-_PAUSED = "SELECT COUNT(*) FROM subscription WHERE paused_until > {p} AND deleted_at IS NULL"
 
 
 class DatabaseUnavailable(Exception):
@@ -76,20 +59,24 @@ def read_backlog(now_ms: int, timeout: float, most: int, probe: bool = False) ->
     try:
         connection, p = _connect(db.obj, timeout)
         with closing(connection):
-            cursor = connection.cursor()
-            cursor.execute(_DUE.format(p=p), (now_ms, now_ms))
-            due, oldest, ready, oldest_ready = cursor.fetchone()
-            cursor.execute(_AT_LIMIT.format(p=p), (now_ms, now_ms, most, most, now_ms, now_ms))
-            [at_limit] = cursor.fetchone()
-            cursor.execute(_PAUSED.format(p=p), (now_ms,))
-            [paused] = cursor.fetchone()
+            due = _read(connection, p, queue.DUE, now_ms=now_ms)
+            at_limit = _read(connection, p, queue.AT_LIMIT, now_ms=now_ms, most=most)["at_limit"]
+            held = _read(connection, p, queue.HELD, now_ms=now_ms)["held"]
             writable = _write_lock_free(connection) if probe else None
     except (sqlite3.Error, psycopg2.Error) as error:
         # The driver's message may name the database host: it goes to the log, not to the caller.
         log.warning("database check failed: %s", _first_line(error))
         raise DatabaseUnavailable(f"the database could not be read within {timeout:g} s "
                                   f"({type(error).__name__})") from None
-    return Backlog(int(due), _ms(oldest), int(at_limit), int(paused), writable, int(ready), _ms(oldest_ready))
+    return Backlog(int(due["due"]), _ms(due["oldest"]), int(at_limit), int(held), writable, int(due["ready"]),
+                   _ms(due["oldest_ready"]))
+
+
+def _read(connection, placeholder: str, statement: str, **params) -> dict:
+    """The one row `statement` answers, by column name."""
+    cursor = connection.cursor()
+    cursor.execute(*bind(statement, params, placeholder))
+    return dict(zip([column[0] for column in cursor.description], cursor.fetchone()))
 
 
 def _ms(value) -> int | None:
