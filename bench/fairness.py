@@ -5,6 +5,11 @@ A has 100 subscriptions to a healthy partner that answers after 3 s and floods t
 second; organization B pings its one fast subscription once a second. What B's partner sees: the
 time from B's POST to the arrival, and how many of B's pings had not arrived 10 s after the last.
 
+Slow holders: organization A has 4 subscriptions to a partner that answers 200 after 9 s, each at
+its most attempts in flight (`flask webhooks set-concurrency ID 16`: 4 × 16 = every one of the 64
+slots), and pings them 8 times a second, enough to keep them all busy; B pings as above. Before
+release 1.4 B's pings waited for one of A's attempts to end (p99 7.0 s).
+
 Order: 500 pings to one subscription (answering after 50 ms) pinned to one attempt in flight
 (`flask webhooks set-concurrency ID 1`: strict order), all queued while no scanner runs, then a
 service starts and drains them. Counted at the receiver: inversions (pairs that arrive in the
@@ -17,9 +22,10 @@ import time
 from harness import (Partner, Receiver, Service, at_most, below, info, percentile, pick, report,
                      workdir)
 
-A_SUBSCRIPTIONS = 100
-A_RESPONSE_MS = 3000
-A_PINGS_PER_SECOND = 30
+# Noisy neighbour and slow holders: A's subscriptions, its receiver's answer time, its pings a second
+# and each subscription's pinned limit (None: adaptive).
+NOISY = (100, 3000, 30, None)
+SLOW_HOLDERS = (4, 9000, 8, 16)
 FLOOD_SECONDS = pick(60, 5)
 B_GRACE_SECONDS = 10  # after B's last ping: what has not arrived by then counts as undelivered
 
@@ -27,23 +33,27 @@ ORDER_PINGS = pick(500, 50)
 ORDER_RESPONSE_MS = 50
 
 
-def noisy_neighbour(tmp, receiver: Receiver) -> tuple[list[float], int, int]:
-    """B's latencies (ms, undelivered ones left out), B's undelivered count, A's pings queued."""
-    with Service(tmp, name="noisy") as service:
-        flooder = Partner(service, service.create_key(org="noisy-a"))
-        quiet = Partner(service, service.create_key(org="quiet-b"))
-        a_subscriptions = [flooder.subscribe(receiver.url(f"/slow/{A_RESPONSE_MS}/a{i}"))
-                           for i in range(A_SUBSCRIPTIONS)]
-        b_subscription = quiet.subscribe(receiver.url("/ok/b"))
+def noisy_neighbour(tmp, receiver: Receiver, name: str, a: tuple) -> tuple[list[float], int, int]:
+    """B's latencies (ms, undelivered ones left out), B's undelivered count, A's pings queued, with A
+    as `a` says (NOISY, SLOW_HOLDERS)."""
+    subscriptions, response_ms, per_second, pin = a
+    with Service(tmp, name=name) as service:
+        flooder = Partner(service, service.create_key(org=f"{name}-a"))
+        quiet = Partner(service, service.create_key(org=f"{name}-b"))
+        a_subscriptions = [flooder.subscribe(receiver.url(f"/slow/{response_ms}/{name}{i}"))
+                           for i in range(subscriptions)]
+        for subscription in a_subscriptions if pin else []:
+            service.flask("webhooks", "set-concurrency", subscription["id"], str(pin))
+        b_subscription = quiet.subscribe(receiver.url(f"/ok/{name}-b"))
         stop = threading.Event()
         queued = [0]
 
         def flood() -> None:
             next_at = time.monotonic()
             while not stop.is_set():
-                flooder.ping(a_subscriptions[queued[0] % A_SUBSCRIPTIONS])
+                flooder.ping(a_subscriptions[queued[0] % subscriptions])
                 queued[0] += 1
-                next_at += 1 / A_PINGS_PER_SECOND
+                next_at += 1 / per_second
                 time.sleep(max(0.0, next_at - time.monotonic()))
 
         flooding = threading.Thread(target=flood, daemon=True)
@@ -90,7 +100,9 @@ def inversions(values: list[float]) -> int:
 
 def main() -> dict:
     with workdir("fairness") as tmp, Receiver() as receiver:
-        latencies, undelivered, a_queued = noisy_neighbour(tmp, receiver)
+        latencies, undelivered, a_queued = noisy_neighbour(tmp, receiver, "noisy", NOISY)
+        receiver.reset()
+        slow, slow_undelivered, _ = noisy_neighbour(tmp, receiver, "holders", SLOW_HOLDERS)
         receiver.reset()
         inverted, drained = order(tmp, receiver)
     ideal = ORDER_PINGS * ORDER_RESPONSE_MS / 1000
@@ -100,12 +112,15 @@ def main() -> dict:
         at_most(f"noisy neighbour: B's pings not arrived {B_GRACE_SECONDS} s after the last", undelivered,
                 "pings", 0),
         info("noisy neighbour: A's pings queued", a_queued, "pings"),
+        below("slow holders: B's p99 POST → arrival", percentile(slow or [1e9], 99), "ms", 1000),
+        info("slow holders: B's max", max(slow or [1e9]), "ms"),
+        at_most(f"slow holders: B's pings not arrived {B_GRACE_SECONDS} s after the last", slow_undelivered,
+                "pings", 0),
         at_most(f"order: inversions among {ORDER_PINGS} pings to one subscription pinned to 1", inverted, "pairs", 0),
         at_most("order: drain time ÷ pings × response time", drained / ideal, "×", 1.2),
     ]
     return report("fairness", figures, {
-        "a_subscriptions": A_SUBSCRIPTIONS, "a_response_ms": A_RESPONSE_MS,
-        "a_pings_per_second": A_PINGS_PER_SECOND, "flood_seconds": FLOOD_SECONDS,
+        "noisy_a": NOISY, "slow_holders_a": SLOW_HOLDERS, "flood_seconds": FLOOD_SECONDS,
         "order_pings": ORDER_PINGS, "order_response_ms": ORDER_RESPONSE_MS})
 
 

@@ -125,7 +125,10 @@ def narrows(result: AttemptResult) -> bool:
 
 def hold_until(result: AttemptResult, finished_at_ms: int) -> int | None:
     """Until when a 429 or 503's Retry-After (seconds, or an HTTP date) holds the subscription, at
-    most MAX_HOLD_MS after the attempt ended; None when it asks for no hold, or says nothing we read."""
+    most MAX_HOLD_MS after the attempt ended; None when it asks for no hold, or says nothing we read.
+    Not urllib3's Retry.parse_retry_after: it measures a date against time.time(), not the clock the
+    attempt's end was read on (the CLOCK seam every hold and retry time runs on), and takes a date
+    without a zone for GMT."""
     value = (result.retry_after or "").strip()
     if result.http_status not in HOLDING_STATUSES or not value or len(value) > _MAX_RETRY_AFTER_LENGTH:
         return None
