@@ -414,6 +414,26 @@ def test_a_ping_queued_while_every_slot_is_busy_takes_the_first_slot_that_frees(
     assert fast.wait_for(1)
 
 
+@pytest.mark.config(SCHEDULER_ENABLED=True, WEBHOOK_ALLOWED_NETWORKS=["127.0.0.0/8"], DELIVERY_CONCURRENCY=4,
+                    DELIVERY_POLL_INTERVAL=60, DELIVERY_TIMEOUT=60)
+def test_a_ping_of_another_organization_goes_out_while_one_holds_every_slot(dispatcher, database, organization,
+                                                                            start_receiver):
+    """Slow receivers: the crowd's attempts hold all 4 slots until the test ends. The quiet
+    organization's ping is given a thread beyond them (it holds less than its share) at once; the
+    crowd is given none beyond its share."""
+    crowd, quiet = organization("crowd"), organization("quiet")
+    slow, fast = start_receiver(script=[hang(60)] * 8), start_receiver()
+    for subscription in subscriptions(crowd, 6, slow.url):
+        enqueue_ping(subscription)
+    [lone] = subscriptions(quiet, 1, fast.url)
+    dispatcher.start()
+    assert slow.wait_for(4)  # every slot busy
+    enqueue_ping(lone)
+    dispatcher.wake()
+    assert fast.wait_for(1)
+    assert len(slow.received) == 4
+
+
 # --- a backlog held by another process -------------------------------------------------------
 
 def claim_elsewhere(now_ms: int, limit: int) -> int:
