@@ -218,7 +218,10 @@ class Dispatcher:
                 log.exception("delivery attempt crashed: event=%s", claim.event_id)
         finally:
             self._release_slots(1, int(claim.failing))
-        if (self._free_slots >= self.refill_at or self._queued.is_set()) and not self._stopping.is_set():
+        # Spare slots refill in batches; the threads beyond them wait for a wake (another organization's
+        # event) or a poll, or a single org at its share would claim again at every attempt's end.
+        spare = self._free_slots - (self.threads - self.concurrency)
+        if (spare >= self.refill_at or self._queued.is_set()) and not self._stopping.is_set():
             try:
                 self.scan()
             except Exception:  # on a pool thread: raised, it would vanish into a Future nobody reads
