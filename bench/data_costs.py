@@ -6,9 +6,9 @@ Each is measured against the same service with that cost taken out (bench/varian
 side in one run. API writes: 2,000 test pings (each a commit acknowledged with a 202) from 4 client
 threads; the latency of each request. Drains: one backlog of 3,000 pings over 30 subscriptions (as
 bench/scale_out), drained by each variant from a copy, ROUNDS times in turn; each figure is the
-median of its rounds. One drain moves by a fifth from run to run, far more than opening a secret
-costs: single drains side by side gave the sealed service 0.80 to 1.23 of the unsealed one. So the
-cost itself is also timed directly, in this process: one open, against a delivery's worker CPU.
+median of its rounds. A drain moves from run to run far more than opening a secret costs
+(docs/performance.md), so the cost itself is also timed directly, in this process: one open, against
+a delivery's worker CPU.
 """
 
 import sys

@@ -447,8 +447,8 @@ def drain_backlog(tmp: Path, receiver: "Receiver", events: int, name: str, env: 
     milliseconds per delivery, read from /proc before they stop (a one-worker drain is profiled under
     BENCH_PROFILE, into bench/results/<name>.folded). Both count from the moment every
     worker's scanner runs: the services start together, but a worker that boots first drains
-    alone meanwhile (a second gunicorn worker starts scanning 0.1-0.2 s after the first, a second
-    service, started after the first served, 0.4-0.6 s: a fifth of a 3,000-ping drain)."""
+    alone meanwhile (by how long: docs/performance.md, "Drains measured from every worker
+    scanning")."""
     receiver.reset()
     with ExitStack() as running:
         started = [Service(tmp, env, app=app, name=f"{slug(name)}-{n}", database=database) for n in range(services)]

@@ -57,6 +57,12 @@ except ImportError:
     migrations = sealing = None
 
 
+# A ping's payload (release 1.4 stores it once per event; `body` is then the envelope of an event
+# queued before it, which these rows also are).
+DATA = (b'{"message":"This is a test ping from the Partner Integration Service.",'
+        b'"triggered_by_key_id":"Q3k9benchbenchbench0"}')
+
+
 def body(event_id: str, subscription_id: str, occurred_ms: int) -> bytes:
     return (f'{{"event":"vc.test.ping","id":"{event_id}","subscription_id":"{subscription_id}",'
             f'"occurred_at":"{occurred_ms}","data":{{"message":"This is a test ping from the Partner '
@@ -69,7 +75,7 @@ COLUMNS = {
     "organization": ("id", "slug", "rate_limit_per_minute", "created_at"),
     "subscription": ("id", "organization_id", "url", "description", "secret", "active",
                      "consecutive_failures", "auto_disabled_at", "created_at", "secret_key_id", "secret_sealed"),
-    "event": ("id", "subscription_id", "kind", "body", "created_at"),
+    "event": ("id", "subscription_id", "kind", "body", "created_at", "occurred_at", "data"),
     "delivery": ("event_id", "subscription_id", "state", "attempts", "due_at", "lease_token"),
     "failure": ("id", "subscription_id", "event_id", "attempt", "http_status", "error",
                 "response_excerpt", "duration_ms", "attempted_at", "next_attempt_at"),
@@ -110,7 +116,7 @@ def build(path, history: int) -> None:
             event_id = f"evt_{uuid.UUID(int=rng.getrandbits(128), version=4)}"
             subscription = hot if rng.random() < 0.9 else rng.choice(subscriptions)
             at = NOW_MS - 365 * DAY_MS + n * (365 * DAY_MS // history)
-            events.append((event_id, subscription, "vc.test.ping", body(event_id, subscription, at), at))
+            events.append((event_id, subscription, "vc.test.ping", body(event_id, subscription, at), at, at, DATA))
             delivered = rng.random() < 0.5
             deliveries.append((event_id, subscription, "delivered" if delivered else "dead",
                                1 if delivered else 7, None, None))
@@ -120,7 +126,7 @@ def build(path, history: int) -> None:
             event_id = f"evt_{uuid.UUID(int=rng.getrandbits(128), version=4)}"
             subscription = subscriptions[n % SUBSCRIPTIONS]
             events.append((event_id, subscription, "vc.test.ping", body(event_id, subscription, NOW_MS),
-                           NOW_MS - 1000))
+                           NOW_MS - 1000, NOW_MS - 1000, DATA))
             deliveries.append((event_id, subscription, "pending", 0, NOW_MS - 1000, None))
         insert(connection, "event", events)
         insert(connection, "delivery", deliveries)

@@ -1,12 +1,21 @@
 """Rate limits: a moving 60-second window per organization, and per client address for failed logins.
 
-With `RATELIMIT_STORAGE_URI=redis://…` flask-limiter owns the storage and the moving-window strategy,
-shared by every process; with `memory://` (one process) LocalWindows keeps the same exact windows.
-LocalWindows counts on the service's clock (config CLOCK), so tests step a window instead of waiting
-it out; Redis's windows are timed by `limits` on the real clock, so the headers then are too.
-Requests are charged explicitly after authentication
-rather than through flask-limiter's request hooks, because the budget is keyed by the organization,
-which is only known once the key has been checked.
+With `RATELIMIT_STORAGE_URI=redis://…` the windows are `limits`' moving-window strategy on its Redis
+storage, shared by every process; with `memory://` (one process) LocalWindows keeps the same exact
+windows. LocalWindows counts on the service's clock (config CLOCK), so tests step a window instead of
+waiting it out; `limits` times Redis's windows on the real clock, so the headers then are too.
+
+`limits` is flask-limiter's engine, used here without a flask-limiter `Limiter`, which cannot keep
+this budget:
+- it parses limits from strings, and `limits` keys a window by the parsed amount, so a limit lowered
+  by `flask orgs set-limit` would open an empty window (Budget's key leaves the amount out);
+- on a failing storage it waits out the socket timeout on every request, or counts in each process
+  apart (its in-memory fallback), where StorageProbe serves without a limit and asks once a second;
+- it charges a limit before the view, or, after authentication, as a context manager that finds its
+  limit by the caller's stack frame, while its request hooks run on every request (~30 µs);
+- its headers put `Retry-After` on every response.
+So each request is charged here, after authentication, to the key's organization, and the headers
+and the problem+json 429 are ours (CONTRACT §3).
 """
 
 import logging
@@ -17,8 +26,9 @@ from collections import deque
 from dataclasses import dataclass
 
 from flask import Flask
-from flask_limiter import Limiter
 from limits import RateLimitItemPerMinute
+from limits.storage import storage_from_string
+from limits.strategies import MovingWindowRateLimiter
 
 from partner.errors import ApiError
 from partner.telemetry.metrics import RATE_LIMITED
@@ -154,16 +164,6 @@ class StorageProbe:
         self.outage.failed(error)
 
 
-def _shared_limiter(app: Flask, options: dict) -> Limiter:
-    """flask-limiter on a storage every process shares (Redis). Built only then: its per-request
-    hooks, which look for limits we never declare, cost ~30 µs even with every request exempted."""
-    limiter = Limiter(key_func=lambda: "", strategy="moving-window", headers_enabled=False,
-                      default_limits=[], storage_options=options)
-    limiter.init_app(app)
-    limiter.request_filter(lambda: True)
-    return limiter
-
-
 class RateLimits:
     """The two budgets every API request is charged to."""
 
@@ -172,7 +172,8 @@ class RateLimits:
         self._storage = StorageProbe(clock)
         self._local = LocalWindows(clock) if uri.startswith("memory://") else None
         if self._local is None:
-            self._limiter = _shared_limiter(app, storage_options(uri, app.config["RATELIMIT_STORAGE_TIMEOUT"]))
+            options = storage_options(uri, app.config["RATELIMIT_STORAGE_TIMEOUT"])
+            self._shared = MovingWindowRateLimiter(storage_from_string(uri, **options))
         self.auth_failures_per_minute = app.config["AUTH_FAILURE_RATE_LIMIT"]
 
     def charge_organization(self, org_id: str, per_minute: int) -> Window:
@@ -203,10 +204,9 @@ class RateLimits:
         if self._storage.should_skip():
             return unlimited
         item = Budget(per_minute)
-        strategy = self._limiter.limiter
         try:
-            allowed = strategy.hit(item, scope, key)
-            reset_at, remaining = strategy.get_window_stats(item, scope, key)
+            allowed = self._shared.hit(item, scope, key)
+            reset_at, remaining = self._shared.get_window_stats(item, scope, key)
         except Exception as error:  # noqa: BLE001 - any storage failure
             self._storage.failed(error)
             return unlimited

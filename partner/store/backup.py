@@ -97,9 +97,8 @@ def _copy(source_path: str, partial: str) -> None:
         raise OperatorError(f"no database at {source_path}")
     source = sqlite3.connect(source_path)  # read-write: a read-only one cannot join a WAL database
     copy = sqlite3.connect(partial)
-    # No fsync of the copy's own: a 100 MB flush at once held up the service's WAL fsyncs behind it
-    # (180 ms, bench/backup_stall.py). The file is fsynced after its integrity check, by then
-    # mostly written back by the kernel at its own pace.
+    # No fsync of the copy's own: a flush of the whole copy at once holds up the service's WAL
+    # fsyncs behind it; _write_back paces it instead (figures: docs/performance.md, "Backup while serving").
     copy.execute("PRAGMA synchronous=OFF")
     try:
         source.backup(copy)  # pages=-1: one step, one read transaction
@@ -142,10 +141,11 @@ _FLUSH_STEP = 1 << 20
 
 
 def _write_back(path: str) -> None:
-    """Start writing the copy's pages to disk 1 MB at a time before its fsync: one fsync of 100 MB
-    at once held up the service's own commits (each an fsync of the -wal) for 180-355 ms behind it
-    on ext4. POSIX_FADV_DONTNEED makes Linux start the write-back of a range (and drop it from the
-    page cache, which the copy does not need); the standard library has no sync_file_range, and no
+    """Start writing the copy's pages to disk 1 MB at a time before its fsync, so the service's own
+    commits (each an fsync of the -wal) do not wait behind one flush of the whole copy (the figures:
+    docs/performance.md, "Backup while serving").
+    POSIX_FADV_DONTNEED makes Linux start the write-back of a range (and drop it from the page
+    cache, which the copy does not need); the standard library has no sync_file_range, and no
     ctypes goes into the product for it."""
     descriptor = os.open(path, os.O_RDONLY)
     try:
