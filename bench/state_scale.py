@@ -84,11 +84,11 @@ def insert(connection: sqlite3.Connection, table: str, rows) -> None:
                if row[3] and row[4] is None and row[1] not in COLUMNS[table]]
     if unknown:
         raise RuntimeError(f"state_scale does not fill {table}.{', '.join(unknown)}: teach build()")
-    keep = [i for i, name in enumerate(COLUMNS[table]) if name in existing]
-    names = ", ".join(f'"{COLUMNS[table][i]}"' for i in keep)
-    marks = ", ".join("?" * len(keep))
-    connection.executemany(f'INSERT INTO "{table}" ({names}) VALUES ({marks})',
-                           (tuple(row[i] for i in keep) for row in rows))
+    keep = [name for name in COLUMNS[table] if name in existing]
+    names = ", ".join(f'"{name}"' for name in keep)
+    values = ", ".join(f":{name}" for name in keep)
+    connection.executemany(f'INSERT INTO "{table}" ({names}) VALUES ({values})',
+                           (dict(zip(COLUMNS[table], row)) for row in rows))
 
 
 def build(path, history: int) -> None:

@@ -8,7 +8,7 @@ import uuid
 from peewee import Tuple
 
 from models import Delivery, Event, Failure, Subscription
-from partner.store.sql import page_of, run_sql, value_rows, write_transaction
+from partner.store.sql import page_of, run_sql, write_transaction
 from partner.envelopes import compact
 from partner.errors import ApiError
 from partner.subscriptions import find_subscription
@@ -17,8 +17,8 @@ TEST_PING = "vc.test.ping"
 
 # Rows written in bulk, a chunk per statement: a 500-event batch fanned out to 100 subscriptions is
 # 50,000 deliveries, and one statement per row cost ~5 times as much (bench/ingest.py).
-_EVENTS = "INSERT INTO event (id, kind, occurred_at, data, created_at) VALUES {rows}"
-_DELIVERIES = "INSERT INTO delivery (event_id, subscription_id, state, due_at, seq) VALUES {rows}"
+_EVENTS = "INSERT INTO event (id, kind, occurred_at, data, created_at) VALUES :rows"
+_DELIVERIES = "INSERT INTO delivery (event_id, subscription_id, state, due_at, seq) VALUES :rows"
 CHUNK = 500  # rows per statement: 2,500 parameters, under every SQLite's limit
 # The enqueue order (claims.py: a subscription's deliveries due together go in `seq` order): the clock
 # in ms, shifted to leave room for the deliveries queued within one ms, and never lower than the last
@@ -87,8 +87,7 @@ def _seqs(now_ms: int, count: int) -> int:
 
 def _insert(template: str, rows: list[tuple]) -> None:
     for start in range(0, len(rows), CHUNK):
-        chunk = rows[start:start + CHUNK]
-        run_sql(template, [value for row in chunk for value in row], rows=value_rows(len(chunk), len(chunk[0])))
+        run_sql(template, {"rows": rows[start:start + CHUNK]})
 
 
 def failures_page(subscription: Subscription, position: list | None, limit: int):

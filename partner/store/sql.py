@@ -99,10 +99,15 @@ def run_sql(template: str, params, ids: int = 0, **parts: str):
     """Execute a hand-written, portable statement of a hot path. `:name` is a parameter bound from the
     mapping `params` by name (bind); any {name} a fixed SQL part from `parts`."""
     if isinstance(params, Mapping):
-        text, values = bind(template.format(**parts) if parts else template, params, db.param)
-        return db.execute_sql(text, values)
+        return run_sql_on(db, template.format(**parts) if parts else template, params)
     p = db.param
     return db.execute_sql(template.format(p=p, ids=", ".join([p] * ids), **parts), tuple(params))
+
+
+def run_sql_on(database, template: str, params: Mapping):
+    """Execute `template` on `database` (a migration's, a copy's: not necessarily the service's), each
+    `:name` bound from `params` by name (bind)."""
+    return database.execute_sql(*bind(template, params, database.param))
 
 
 def bind(text: str, params: Mapping, placeholder: str) -> tuple[str, tuple]:
