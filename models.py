@@ -3,7 +3,6 @@
 from peewee import (SQL, BigIntegerField, BlobField, BooleanField, CompositeKey, ForeignKeyField, IntegerField,
                     Model, ModelIndex, TextField)
 
-from partner import sealing
 from partner.store.connection import db
 
 
@@ -64,15 +63,6 @@ class Subscription(BaseModel):
 
     class Meta:
         indexes = ((("organization", "created_at", "id"), False),)
-
-    @property
-    def secret(self) -> str:
-        """The signing secret, opened: held in memory only, never stored in plaintext."""
-        return sealing.open_secret(self.id, self.secret_key_id, self.secret_sealed)
-
-    @secret.setter
-    def secret(self, value: str) -> None:  # `Subscription(id=…, secret=…)`: the id first
-        self.secret_key_id, self.secret_sealed = sealing.seal(self.id, value)
 
 
 class Event(BaseModel):

@@ -11,7 +11,7 @@ from models import Delivery, Event, Failure, Subscription
 from partner.store.sql import page_of, run_sql, write_transaction
 from partner.envelopes import compact
 from partner.errors import ApiError
-from partner.subscriptions import find_subscription
+from partner.subscriptions import find_subscription, secret_of
 
 TEST_PING = "vc.test.ping"
 
@@ -38,7 +38,7 @@ def trigger_test_ping(org_id: str, subscription_id: str, secret: str, key_id: st
     enqueue. A secret this process cannot open raises SealingError (503: edge/problems.py)."""
     with write_transaction():
         subscription = find_subscription(org_id, subscription_id, lock=True)
-        if not hmac.compare_digest(secret.encode(), subscription.secret.encode()):
+        if not hmac.compare_digest(secret.encode(), secret_of(subscription).encode()):
             raise ApiError(403, "secret_mismatch", "The secret does not match this subscription's.")
         if not subscription.active:
             raise ApiError(409, "subscription_disabled",

@@ -8,7 +8,7 @@ import secrets
 from peewee import fn
 
 from models import IN_FLIGHT_CONDITION, Delivery, Organization, Subscription
-from partner import event_types, safe_text
+from partner import event_types, safe_text, sealing
 from partner.store.sql import is_sqlite, new_id, page_of, run_sql, select_rows, write_transaction
 from partner.validation import Check, Field
 from partner.errors import ApiError, OperatorError, ValidationError, field_error
@@ -82,9 +82,16 @@ def create_subscription(org_id: str, url: str, description: str | None, now_ms: 
         if Subscription.select().where((Subscription.organization == org_id) & LIVE).count() >= MAX_SUBSCRIPTIONS:
             raise ValidationError([field_error(None, "too_many_subscriptions",
                                                f"An organization has at most {MAX_SUBSCRIPTIONS} subscriptions.")])
-        return Subscription.create(  # the secret is sealed as it is set (models.Subscription.secret)
-            id=new_id("wh"), organization=org_id, url=url, description=description,
-            secret=new_secret(), created_at=now_ms, events=None if events is None else json.dumps(events))
+        subscription_id = new_id("wh")
+        secret_key_id, secret_sealed = sealing.seal(subscription_id, new_secret())
+        return Subscription.create(
+            id=subscription_id, organization=org_id, url=url, description=description, secret_key_id=secret_key_id,
+            secret_sealed=secret_sealed, created_at=now_ms, events=None if events is None else json.dumps(events))
+
+
+def secret_of(subscription: Subscription) -> str:
+    """The subscription's signing secret, opened: held in memory only, never stored in plaintext."""
+    return sealing.open_secret(subscription.id, subscription.secret_key_id, subscription.secret_sealed)
 
 
 def find_subscription(org_id: str, subscription_id: str, lock: bool = False) -> Subscription:
