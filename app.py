@@ -31,7 +31,7 @@ from partner.outbound.transport import Deadline
 from partner.startup import refuse
 from partner.store.connection import bind, db
 from partner.subscriptions import (create_subscription, delete_subscription, find_subscription, list_subscriptions,
-                                   subscription_fields)
+                                   secret_of, subscription_fields)
 from partner.timestamps import iso, now_ms, to_ms
 
 log = logging.getLogger(__name__)
@@ -166,7 +166,7 @@ def create_webhook():
     subscription = create_subscription(g.caller.organization.id, fields["url"], fields["description"],
                                        now_ms(current_app.config["CLOCK"]), fields["events"])
     location = f"{api.url_prefix}/webhooks/{subscription.id}"
-    row = {**model_to_dict(subscription, recurse=False), "secret": subscription.secret}
+    row = {**model_to_dict(subscription, recurse=False), "secret": secret_of(subscription)}
     return subscription_json(row, include_secret=True), 201, {"Location": location}
 
 

@@ -3,7 +3,7 @@
 from peewee import (SQL, BigIntegerField, BlobField, BooleanField, CompositeKey, ForeignKeyField, IntegerField,
                     Model, ModelIndex, TextField)
 
-from partner import queue, sealing
+from partner import queue
 from partner.store.connection import db
 
 
@@ -65,15 +65,6 @@ class Subscription(BaseModel):
     class Meta:
         indexes = ((("organization", "created_at", "id"), False),)
 
-    @property
-    def secret(self) -> str:
-        """The signing secret, opened: held in memory only, never stored in plaintext."""
-        return sealing.open_secret(self.id, self.secret_key_id, self.secret_sealed)
-
-    @secret.setter
-    def secret(self, value: str) -> None:  # `Subscription(id=…, secret=…)`: the id first
-        self.secret_key_id, self.secret_sealed = sealing.seal(self.id, value)
-
 
 class Event(BaseModel):
     id = TextField(primary_key=True)
@@ -103,10 +94,7 @@ class Delivery(BaseModel):
 
 
 # The queue's conditions (partner/queue.py), repeated word for word by the partial indexes.
-OPEN_CONDITION, IN_FLIGHT_CONDITION = queue.OPEN, queue.IN_FLIGHT
-IS_OPEN, IS_IN_FLIGHT = SQL(OPEN_CONDITION), SQL(IN_FLIGHT_CONDITION)
-LIVE_SUBSCRIPTION, LIVE_CONDITION = queue.LIVE_SUBSCRIPTION, queue.LIVE
-SQL_CONDITIONS = {"open": OPEN_CONDITION, "in_flight": IN_FLIGHT_CONDITION, "live": LIVE_CONDITION}
+IS_OPEN, IS_IN_FLIGHT = SQL(queue.OPEN), SQL(queue.IN_FLIGHT)
 
 
 Delivery.add_index(ModelIndex(Delivery, (Delivery.due_at,), name="delivery_due_at").where(IS_OPEN))

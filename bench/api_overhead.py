@@ -73,8 +73,8 @@ def commits_from_another_process(database, per_second: int):
     def commit() -> None:
         connection = sqlite3.connect(database, timeout=5)
         while not stop.wait(1 / per_second):
-            connection.execute("INSERT INTO setting (name, value) VALUES ('bench', ?) ON CONFLICT (name) "
-                               "DO UPDATE SET value = excluded.value", (str(time.monotonic()),))
+            connection.execute("INSERT INTO setting (name, value) VALUES ('bench', :value) ON CONFLICT (name) "
+                               "DO UPDATE SET value = excluded.value", {"value": str(time.monotonic())})
             connection.commit()
         connection.close()
 

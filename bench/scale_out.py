@@ -25,10 +25,11 @@ ROUNDS = pick(5, 1)  # the SQLite runs take turns, and each figure is the median
 
 
 def rows_written(server, schema: str) -> int:
+    from partner.store.sql import run_sql_on  # the service's modules: on the path once PostgreSQL runs
     database = server.connect(schema)
     try:
-        return int(database.execute_sql("SELECT COALESCE(SUM(n_tup_ins + n_tup_upd + n_tup_del), 0) "
-                                        "FROM pg_stat_user_tables WHERE schemaname = %s", (schema,)).fetchone()[0])
+        return int(run_sql_on(database, "SELECT COALESCE(SUM(n_tup_ins + n_tup_upd + n_tup_del), 0) "
+                              "FROM pg_stat_user_tables WHERE schemaname = :schema", {"schema": schema}).fetchone()[0])
     finally:
         database.close()
 

@@ -36,7 +36,8 @@ NOW_MS = 1_790_000_000_000
 DAY_MS = 86_400_000
 
 sys.path.insert(0, str(SERVICE_ROOT))
-from partner.store import backlog  # noqa: E402  (the service's modules, from SERVICE_ROOT)
+from partner import queue  # noqa: E402  (the service's modules, from SERVICE_ROOT)
+from partner.store.sql import bind  # noqa: E402
 from partner import outbox  # noqa: E402
 from partner import retention  # noqa: E402
 from app import create_app  # noqa: E402
@@ -90,11 +91,11 @@ def insert(connection: sqlite3.Connection, table: str, rows) -> None:
                if row[3] and row[4] is None and row[1] not in COLUMNS[table]]
     if unknown:
         raise RuntimeError(f"state_scale does not fill {table}.{', '.join(unknown)}: teach build()")
-    keep = [i for i, name in enumerate(COLUMNS[table]) if name in existing]
-    names = ", ".join(f'"{COLUMNS[table][i]}"' for i in keep)
-    marks = ", ".join("?" * len(keep))
-    connection.executemany(f'INSERT INTO "{table}" ({names}) VALUES ({marks})',
-                           (tuple(row[i] for i in keep) for row in rows))
+    keep = [name for name in COLUMNS[table] if name in existing]
+    names = ", ".join(f'"{name}"' for name in keep)
+    values = ", ".join(f":{name}" for name in keep)
+    connection.executemany(f'INSERT INTO "{table}" ({names}) VALUES ({values})',
+                           (dict(zip(COLUMNS[table], row)) for row in rows))
 
 
 def build(path, history: int) -> None:
@@ -243,7 +244,7 @@ def time_prune_batches(database: Database) -> tuple[list[float], int]:
 def operator_plans(database: Database, path) -> dict:
     """The plans of the scrape's backlog count and of one retention batch's selection."""
     database.bind()
-    statements = [(backlog._DUE.format(p="?"), (NOW_MS,))]
+    statements = [bind(queue.DUE, {"now_ms": NOW_MS}, "?")]
     with db.connection_context():
         with db.atomic() as transaction:
             sent = capture_sql(database, lambda _: retention.prune_batch(

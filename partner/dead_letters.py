@@ -11,7 +11,8 @@ swept while its attempt was under way is not counted again when that attempt fai
 import logging
 from dataclasses import dataclass
 
-from models import SQL_CONDITIONS, Delivery, Organization, Subscription
+from models import Delivery, Organization, Subscription
+from partner import queue
 from partner.retry import RetryPolicy, max_attempts
 from partner.store.sql import run_sql, select_rows
 from partner.telemetry import metrics
@@ -20,12 +21,13 @@ from partner.timestamps import iso
 log = logging.getLogger("delivery")
 
 # A swept pending delivery will not be attempted again: its last failure record says so.
-_NO_NEXT_ATTEMPT = ("UPDATE failure SET next_attempt_at = NULL WHERE next_attempt_at IS NOT NULL AND subscription_id = {p} "
-                    "AND event_id IN (SELECT event_id FROM delivery WHERE subscription_id = {p} AND state = {p}) "
+_NO_NEXT_ATTEMPT = ("UPDATE failure SET next_attempt_at = NULL WHERE next_attempt_at IS NOT NULL "
+                    "AND subscription_id = :subscription_id AND event_id IN "
+                    "(SELECT event_id FROM delivery WHERE subscription_id = :subscription_id AND state = :pending) "
                     "AND attempted_at = (SELECT MAX(f.attempted_at) FROM failure AS f WHERE f.event_id = failure.event_id "
                     "AND f.subscription_id = failure.subscription_id)")
-_SWEEP = ("UPDATE delivery SET state = {p}, due_at = NULL, ended = {p} WHERE subscription_id = {p} AND {open} "
-          "AND event_id <> {p} RETURNING event_id, attempts")
+_SWEEP = ("UPDATE delivery SET state = :dead, due_at = NULL, ended = :why WHERE subscription_id = :subscription_id "
+          f"AND {queue.OPEN} AND event_id <> :except_event_id RETURNING event_id, attempts")
 # In a dead letter's recorded ending (delivery.ended), its own number of attempts: `flask deliveries show`
 # fills it from the delivery's row, so that one text serves every delivery an auto-disable sweeps.
 ATTEMPTS = "{attempts}"
@@ -101,8 +103,9 @@ def _dead_letter_open(subscription_id: str, why: str, except_event_id: str = "")
     """Dead-letter the subscription's open deliveries (but one); each one's event_id and attempts.
     In-flight ones keep their lease token, so an attempt still running records its outcome, while
     one whose process died is never claimed again."""
-    run_sql(_NO_NEXT_ATTEMPT, (subscription_id, subscription_id, Delivery.PENDING))
-    return select_rows(_SWEEP, (Delivery.DEAD, why, subscription_id, except_event_id), **SQL_CONDITIONS)
+    run_sql(_NO_NEXT_ATTEMPT, {"subscription_id": subscription_id, "pending": Delivery.PENDING})
+    swept = {"dead": Delivery.DEAD, "why": why, "subscription_id": subscription_id, "except_event_id": except_event_id}
+    return select_rows(_SWEEP, swept)
 
 
 def _is_dead(event_id: str, subscription_id: str) -> bool:

@@ -61,7 +61,7 @@ def _validator(name: str, updated_at: int, schema: str) -> BoundedValidator:
 
 
 def registry() -> dict[str, KnownType]:
-    return {row["name"]: KnownType(**row) for row in select_rows(_REGISTRY, ())}
+    return {row["name"]: KnownType(**row) for row in select_rows(_REGISTRY, {})}
 
 
 def matches(filter_json: str | None, kind: str) -> bool:
@@ -136,7 +136,7 @@ def retire_event_type(name: str, now_ms: int) -> None:
 def list_event_types() -> list[tuple]:
     """(name, description, has a schema, retired_at, subscriptions filtering on it), by name."""
     filters = [row["events"] for row in select_rows(
-        "SELECT events FROM subscription WHERE events IS NOT NULL AND deleted_at IS NULL", ())]
+        "SELECT events FROM subscription WHERE events IS NOT NULL AND deleted_at IS NULL", {})]
     return [(t.name, t.description, t.schema is not None, t.retired_at,
              sum(1 for f in filters if matches(f, t.name)))
             for t in EventType.select().order_by(EventType.name)]

@@ -8,17 +8,17 @@ import uuid
 from peewee import Tuple
 
 from models import Delivery, Event, Failure, Subscription
-from partner.store.sql import page_of, run_sql, value_rows, write_transaction
+from partner.store.sql import page_of, run_sql, write_transaction
 from partner.envelopes import compact
 from partner.errors import ApiError
-from partner.subscriptions import find_subscription
+from partner.subscriptions import find_subscription, secret_of
 
 TEST_PING = "vc.test.ping"
 
 # Rows written in bulk, a chunk per statement: a 500-event batch fanned out to 100 subscriptions is
 # 50,000 deliveries, and one statement per row cost ~5 times as much (bench/ingest.py).
-_EVENTS = "INSERT INTO event (id, kind, occurred_at, data, created_at) VALUES {rows}"
-_DELIVERIES = "INSERT INTO delivery (event_id, subscription_id, state, due_at, seq) VALUES {rows}"
+_EVENTS = "INSERT INTO event (id, kind, occurred_at, data, created_at) VALUES :rows"
+_DELIVERIES = "INSERT INTO delivery (event_id, subscription_id, state, due_at, seq) VALUES :rows"
 CHUNK = 500  # rows per statement: 2,500 parameters, under every SQLite's limit
 # The enqueue order (claims.py: a subscription's deliveries due together go in `seq` order): the clock
 # in ms, shifted to leave room for the deliveries queued within one ms, and never lower than the last
@@ -38,7 +38,7 @@ def trigger_test_ping(org_id: str, subscription_id: str, secret: str, key_id: st
     enqueue. A secret this process cannot open raises SealingError (503: edge/problems.py)."""
     with write_transaction():
         subscription = find_subscription(org_id, subscription_id, lock=True)
-        if not hmac.compare_digest(secret.encode(), subscription.secret.encode()):
+        if not hmac.compare_digest(secret.encode(), secret_of(subscription).encode()):
             raise ApiError(403, "secret_mismatch", "The secret does not match this subscription's.")
         if not subscription.active:
             raise ApiError(409, "subscription_disabled",
@@ -87,8 +87,7 @@ def _seqs(now_ms: int, count: int) -> int:
 
 def _insert(template: str, rows: list[tuple]) -> None:
     for start in range(0, len(rows), CHUNK):
-        chunk = rows[start:start + CHUNK]
-        run_sql(template, [value for row in chunk for value in row], rows=value_rows(len(chunk), len(chunk[0])))
+        run_sql(template, {"rows": rows[start:start + CHUNK]})
 
 
 def failures_page(subscription: Subscription, position: list | None, limit: int):

@@ -18,13 +18,14 @@ IN_PROGRESS_MS = 60_000  # longer than any publish takes: a reservation this old
 MAX_KEY_LENGTH = 255
 
 _RESERVE = ("INSERT INTO idempotency_key (publisher_id, key, request_hash, response, created_at) "
-            "VALUES ({p}, {p}, {p}, NULL, {p}) ON CONFLICT (publisher_id, key) DO NOTHING")
-_FOUND = "SELECT request_hash, response, created_at FROM idempotency_key WHERE publisher_id = {p} AND key = {p}"
-_TAKE_OVER = ("UPDATE idempotency_key SET request_hash = {p}, response = NULL, created_at = {p} "
-              "WHERE publisher_id = {p} AND key = {p} AND created_at = {p}")
-_KEEP = "UPDATE idempotency_key SET response = {p} WHERE publisher_id = {p} AND key = {p}"
-_GIVE_BACK = "DELETE FROM idempotency_key WHERE publisher_id = {p} AND key = {p} AND response IS NULL"
-_FORGET = "DELETE FROM idempotency_key WHERE created_at < {p}"
+            "VALUES (:publisher_id, :key, :request_hash, NULL, :now_ms) ON CONFLICT (publisher_id, key) DO NOTHING")
+_THE_KEY = "publisher_id = :publisher_id AND key = :key"
+_FOUND = f"SELECT request_hash, response, created_at FROM idempotency_key WHERE {_THE_KEY}"
+_TAKE_OVER = ("UPDATE idempotency_key SET request_hash = :request_hash, response = NULL, created_at = :now_ms "
+              f"WHERE {_THE_KEY} AND created_at = :reserved_at")
+_KEEP = f"UPDATE idempotency_key SET response = :response WHERE {_THE_KEY}"
+_GIVE_BACK = f"DELETE FROM idempotency_key WHERE {_THE_KEY} AND response IS NULL"
+_FORGET = "DELETE FROM idempotency_key WHERE created_at < :before_ms"
 
 
 def check_key(key: str) -> str:
@@ -44,12 +45,14 @@ def request_hash(body) -> str:
 def reserve(publisher_id: str, key: str, digest: str, now_ms: int) -> str | None:
     """Reserve `key` for this request; or the answer remembered for it (a replay). 409 if it is being
     answered, or was used with another body."""
+    the_key = {"publisher_id": publisher_id, "key": key}
+    reserving = {**the_key, "request_hash": digest, "now_ms": now_ms}
     with write_transaction():
-        if run_sql(_RESERVE, (publisher_id, key, digest, now_ms)).rowcount:
+        if run_sql(_RESERVE, reserving).rowcount:
             return None
-        [found] = select_rows(_FOUND, (publisher_id, key))
+        [found] = select_rows(_FOUND, the_key)
         stale = now_ms - found["created_at"] > (IN_PROGRESS_MS if found["response"] is None else REMEMBER_MS)
-        if stale and run_sql(_TAKE_OVER, (digest, now_ms, publisher_id, key, found["created_at"])).rowcount:
+        if stale and run_sql(_TAKE_OVER, {**reserving, "reserved_at": found["created_at"]}).rowcount:
             return None
     if found["response"] is None:
         raise ApiError(409, "idempotency_in_progress",
@@ -63,16 +66,16 @@ def reserve(publisher_id: str, key: str, digest: str, now_ms: int) -> str | None
 
 def keep(publisher_id: str, key: str, answer: str) -> None:
     """Remember the answer; inside the publish's transaction."""
-    run_sql(_KEEP, (answer, publisher_id, key))
+    run_sql(_KEEP, {"response": answer, "publisher_id": publisher_id, "key": key})
 
 
 def give_back(publisher_id: str, key: str) -> None:
     """A refused request's key may be sent again."""
     with write_transaction(durable=False):
-        run_sql(_GIVE_BACK, (publisher_id, key))
+        run_sql(_GIVE_BACK, {"publisher_id": publisher_id, "key": key})
 
 
 def forget_old(now_ms: int) -> int:
     """Forget keys older than 24 hours (the retention job); how many."""
     with write_transaction(durable=False):
-        return run_sql(_FORGET, (now_ms - REMEMBER_MS,)).rowcount
+        return run_sql(_FORGET, {"before_ms": now_ms - REMEMBER_MS}).rowcount

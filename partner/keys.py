@@ -75,7 +75,7 @@ def find_active_key(full_key: str) -> Caller | None:
     if parts is None:
         return None
     key_id, secret = parts
-    rows = select_rows(_KEY_LOOKUP, (key_id,))
+    rows = select_rows(_KEY_LOOKUP, {"key_id": key_id})
     row = rows[0] if rows else None
     expected = row["secret_hash"] if row else DUMMY_HASH
     if not hmac.compare_digest(expected, hash_secret(secret)) or row is None or row["revoked_at"] is not None:
@@ -89,7 +89,7 @@ def find_active_key(full_key: str) -> Caller | None:
 _KEY_LOOKUP = ('SELECT k.key_id, k.secret_hash, k.scopes, k.revoked_at, '
                'o.id AS org_id, o.slug, o.rate_limit_per_minute '
                'FROM api_key AS k JOIN organization AS o ON o.id = k.organization_id '
-               'WHERE k.key_id = {p}')
+               'WHERE k.key_id = :key_id')
 
 
 def check_scopes(requested: list[str]) -> list[str]:

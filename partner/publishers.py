@@ -16,7 +16,7 @@ PREFIX = "vcp_"
 CREDENTIAL_PATTERN = re.compile(r"(?:bearer[ \t]+)?vcp_([A-Za-z0-9]{16,64})\.([A-Za-z0-9_-]{43,128})", re.IGNORECASE)
 NAME_PATTERN = re.compile(r"[a-z0-9-]{1,64}")
 ID_PATTERN = re.compile(r"[A-Za-z0-9]{16,64}")
-_LOOKUP = "SELECT id, secret_hash, revoked_at FROM publisher WHERE id = {p}"
+_LOOKUP = "SELECT id, secret_hash, revoked_at FROM publisher WHERE id = :publisher_id"
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ def authenticate_publisher(header: str | None) -> Caller | None:
     match = CREDENTIAL_PATTERN.fullmatch(header.strip()) if header else None
     if match is None:
         return None
-    rows = select_rows(_LOOKUP, (match[1],))
+    rows = select_rows(_LOOKUP, {"publisher_id": match[1]})
     row = rows[0] if rows else None
     if not hmac.compare_digest(row["secret_hash"] if row else DUMMY_HASH, hash_secret(match[2])):
         return None

@@ -14,8 +14,8 @@ import threading
 import time
 from dataclasses import dataclass
 
-from models import OPEN_CONDITION, Event
-from partner import event_types, idempotency
+from models import Event
+from partner import event_types, idempotency, queue
 from partner.envelopes import compact
 from partner.errors import ApiError, ValidationError, field_error
 from partner.events import new_event_id, queue_events
@@ -33,9 +33,10 @@ COUNT_TTL_SECONDS = 1.0
 log = logging.getLogger(__name__)
 
 _SUBSCRIBERS = ("SELECT s.id, s.organization_id, s.events FROM subscription AS s JOIN organization AS o "
-                "ON o.id = s.organization_id WHERE o.slug = {p} AND s.active = TRUE AND s.deleted_at IS NULL")
+                "ON o.id = s.organization_id WHERE o.slug = :slug AND s.active = TRUE AND s.deleted_at IS NULL")
 _BACKLOG = (f"SELECT COUNT(*) AS n FROM (SELECT 1 FROM delivery WHERE subscription_id IN "
-            f"(SELECT id FROM subscription WHERE organization_id = {{p}}) AND {OPEN_CONDITION} LIMIT {{p}}) AS open")
+            f"(SELECT id FROM subscription WHERE organization_id = :organization_id) AND {queue.OPEN} LIMIT :limit) "
+            f"AS open")
 
 
 @dataclass(frozen=True)
@@ -127,7 +128,7 @@ def publish(incoming: list[Incoming], now_ms: int, backlog_limit: int, before_co
     """Queue each event to its organization's matching subscriptions, all in one transaction; 503
     backlog_full (nothing stored) if an organization already has more than `backlog_limit` open
     deliveries. `before_commit(accepted)` runs inside the transaction (the idempotency key's answer)."""
-    subscribers = {slug: select_rows(_SUBSCRIBERS, (slug,)) for slug in {item.organization for item in incoming}}
+    subscribers = {slug: select_rows(_SUBSCRIBERS, {"slug": slug}) for slug in {item.organization for item in incoming}}
     fanned = [(item, [row["id"] for row in subscribers[item.organization] if event_types.matches(row["events"], item.event.kind)])
               for item in incoming]
     adding = {}
@@ -194,7 +195,7 @@ class _Backlogs:
         with self._lock:
             count, at = self._counts.get(organization_id, (0, -COUNT_TTL_SECONDS))
         if time.monotonic() - at >= COUNT_TTL_SECONDS or count > limit:
-            [row] = select_rows(_BACKLOG, (organization_id, limit + 1))
+            [row] = select_rows(_BACKLOG, {"organization_id": organization_id, "limit": limit + 1})
             count = row["n"]
             with self._lock:
                 self._counts[organization_id] = (count, time.monotonic())

@@ -17,13 +17,13 @@ ROTATE_BATCH = 50
 # (outcomes.write_outcomes) locks its subscriptions in its own order, and a rotation that held some
 # while it waited for another could wait in a cycle with it: PostgreSQL would roll one back.
 _STALE = ("SELECT id, secret_key_id, secret_sealed FROM subscription "
-          "WHERE secret_key_id <> {p} AND id > {p} ORDER BY id LIMIT {p}{lock}")
-_STALE_IDS = "SELECT id FROM subscription WHERE secret_key_id <> {p}"
+          "WHERE secret_key_id <> :sealing_key_id AND id > :after_id ORDER BY id LIMIT :limit{lock}")
+_STALE_IDS = "SELECT id FROM subscription WHERE secret_key_id <> :sealing_key_id"
 # How long to wait before coming back for rows other transactions held: doubling from the first to
 # the most (seconds), and said in the log at each wait of the most.
 FIRST_HELD_PAUSE, MOST_HELD_PAUSE = 0.01, 1.0
-_RESEAL = ("UPDATE subscription SET secret_key_id = {p}, secret_sealed = {p} "
-           "WHERE id = {p} AND secret_key_id = {p}")
+_RESEAL = ("UPDATE subscription SET secret_key_id = :new_key_id, secret_sealed = :new_sealed "
+           "WHERE id = :subscription_id AND secret_key_id = :old_key_id")
 
 
 def check_stored_keys(database) -> None:
@@ -57,7 +57,8 @@ def rotate(batch: int = ROTATE_BATCH) -> Rotated:
     after = ""
     while True:
         with write_transaction():
-            rows = run_sql(_STALE, (ring.sealing_id, after, batch), lock=lock).fetchall()
+            rows = run_sql(_STALE, {"sealing_key_id": ring.sealing_id, "after_id": after, "limit": batch},
+                           lock=lock).fetchall()
             for subscription_id, key_id, sealed in rows:
                 try:
                     secret = ring.open(subscription_id, key_id, sealed)
@@ -67,11 +68,12 @@ def rotate(batch: int = ROTATE_BATCH) -> Rotated:
                         log.error("encryption rotate: %s: left sealed as it was", error)
                     continue
                 new_key_id, new_sealed = ring.seal(subscription_id, secret)
-                resealed += run_sql(_RESEAL, (new_key_id, new_sealed, subscription_id, key_id)).rowcount
+                resealed += run_sql(_RESEAL, {"new_key_id": new_key_id, "new_sealed": new_sealed,
+                                              "subscription_id": subscription_id, "old_key_id": key_id}).rowcount
         if len(rows) == batch:
             after = rows[-1][0]
             continue
-        left = {row[0] for row in run_sql(_STALE_IDS, (ring.sealing_id,)).fetchall()} - unopened
+        left = {row[0] for row in run_sql(_STALE_IDS, {"sealing_key_id": ring.sealing_id}).fetchall()} - unopened
         if not left:
             return Rotated(resealed, ring.sealing_id, len(unopened))
         if pause == MOST_HELD_PAUSE:  # not an attempt's few milliseconds: say what it waits for

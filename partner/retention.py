@@ -17,7 +17,7 @@ from datetime import datetime, timedelta, timezone
 from models import Setting, db
 from partner import idempotency
 from partner.store.availability import is_unavailable
-from partner.store.sql import is_sqlite, run_sql, value_rows, write_transaction
+from partner.store.sql import is_sqlite, run_sql, write_transaction
 from partner.timestamps import iso, now_ms
 
 log = logging.getLogger(__name__)
@@ -32,21 +32,25 @@ _LEASE = "retention_next_run_at"
 # is (event, subscription): one event's deliveries to other subscriptions may still be open, and the
 # event stays until its last delivery goes (_ORPHANS).
 _FINISHED = ("SELECT d.event_id, d.subscription_id FROM event AS e JOIN delivery AS d ON d.event_id = e.id "
-             "WHERE e.created_at < {p} AND d.state IN ('delivered', 'dead') "
-             "ORDER BY e.created_at LIMIT {p}{lock}")
-_DELETE = {"failures": "DELETE FROM failure WHERE event_id IN ({ids}) AND (event_id, subscription_id) IN (VALUES {pairs})",
-           "deliveries": "DELETE FROM delivery WHERE event_id IN ({ids}) AND (event_id, subscription_id) IN (VALUES {pairs})"}
+             "WHERE e.created_at < :before_ms AND d.state IN ('delivered', 'dead') "
+             "ORDER BY e.created_at LIMIT :limit{lock}")
+_DELETE = {"failures": "DELETE FROM failure WHERE event_id IN (:event_ids) "
+                       "AND (event_id, subscription_id) IN (VALUES :deliveries)",
+           "deliveries": "DELETE FROM delivery WHERE event_id IN (:event_ids) "
+                         "AND (event_id, subscription_id) IN (VALUES :deliveries)"}
 # Of these events, those no delivery names any more.
-_ORPHANS = "DELETE FROM event WHERE id IN ({ids}) AND NOT EXISTS (SELECT 1 FROM delivery WHERE delivery.event_id = event.id)"
-_CLAIM = "UPDATE setting SET value = {p} WHERE name = {p} AND CAST(value AS BIGINT) <= {p}"
+_ORPHANS = "DELETE FROM event WHERE id IN (:event_ids) AND NOT EXISTS (SELECT 1 FROM delivery WHERE delivery.event_id = event.id)"
+_CLAIM = "UPDATE setting SET value = :next_run_at WHERE name = :lease AND CAST(value AS BIGINT) <= :now_ms"
 # A deleted subscription's history, a batch at a time: deliveries first (they leave the due
 # backlog), with the events they leave undelivered to anyone (_ORPHANS), then failures, then the row
 # itself. Another subscription's delivery of the same event is never touched.
 _DELETED = "SELECT id FROM subscription WHERE deleted_at IS NOT NULL LIMIT 1"
-_PURGE_DELIVERIES = ("DELETE FROM delivery WHERE subscription_id = {p} AND event_id IN "
-                     "(SELECT event_id FROM delivery WHERE subscription_id = {p} LIMIT {p}) RETURNING event_id")
-_PURGE_FAILURES = "DELETE FROM failure WHERE id IN (SELECT id FROM failure WHERE subscription_id = {p} LIMIT {p})"
-_PURGE_ROW = "DELETE FROM subscription WHERE id = {p} AND deleted_at IS NOT NULL"
+_PURGE_DELIVERIES = ("DELETE FROM delivery WHERE subscription_id = :subscription_id AND event_id IN "
+                     "(SELECT event_id FROM delivery WHERE subscription_id = :subscription_id LIMIT :limit) "
+                     "RETURNING event_id")
+_PURGE_FAILURES = ("DELETE FROM failure WHERE id IN "
+                   "(SELECT id FROM failure WHERE subscription_id = :subscription_id LIMIT :limit)")
+_PURGE_ROW = "DELETE FROM subscription WHERE id = :subscription_id AND deleted_at IS NOT NULL"
 PURGE_BATCH = 500  # rows of one table per write transaction: a few ms of SQLite's write lock
 PURGE_EVERY_SECONDS = 10
 PURGE_JOB = "purge-deleted"
@@ -85,20 +89,19 @@ def prune_batch(before_ms: int, limit: int) -> Pruned:
     replay racing it waits or is skipped)."""
     lock = "" if is_sqlite() else " FOR UPDATE OF d SKIP LOCKED"
     with write_transaction(durable=False):
-        deliveries = run_sql(_FINISHED, (before_ms, limit), lock=lock).fetchall()
+        deliveries = run_sql(_FINISHED, {"before_ms": before_ms, "limit": limit}, lock=lock).fetchall()
         if not deliveries:
             return Pruned()
         ids = [event_id for event_id, _ in deliveries]
-        pairs = [value for delivery in deliveries for value in delivery]
-        counts = {name: run_sql(sql, (*ids, *pairs), ids=len(ids), pairs=value_rows(len(deliveries), 2)).rowcount
-                  for name, sql in _DELETE.items()}
+        finished = {"event_ids": ids, "deliveries": [tuple(delivery) for delivery in deliveries]}
+        counts = {name: run_sql(sql, finished).rowcount for name, sql in _DELETE.items()}
         counts["events"] = _delete_orphans(set(ids))
     return Pruned(**counts)
 
 
 def _delete_orphans(event_ids: set[str]) -> int:
     """Delete those of the events that no delivery names any more; how many."""
-    return run_sql(_ORPHANS, list(event_ids), ids=len(event_ids)).rowcount if event_ids else 0
+    return run_sql(_ORPHANS, {"event_ids": list(event_ids)}).rowcount if event_ids else 0
 
 
 def purge_deleted(batch: int = PURGE_BATCH) -> int:
@@ -106,13 +109,13 @@ def purge_deleted(batch: int = PURGE_BATCH) -> int:
     is left; returns how many subscriptions went. Stopped midway (a crash), it finishes at the next
     run: the tombstone already hides everything left."""
     purged = 0
-    while rows := run_sql(_DELETED, ()).fetchall():
+    while rows := run_sql(_DELETED, {}).fetchall():
         [subscription_id] = rows[0]
         while _purge_deliveries(subscription_id, batch) == batch:
             time.sleep(PAUSE_SECONDS)
-        while _write(_PURGE_FAILURES, (subscription_id, batch)) == batch:
+        while _write(_PURGE_FAILURES, {"subscription_id": subscription_id, "limit": batch}) == batch:
             time.sleep(PAUSE_SECONDS)
-        _write(_PURGE_ROW, (subscription_id,))
+        _write(_PURGE_ROW, {"subscription_id": subscription_id})
         purged += 1
     return purged
 
@@ -120,12 +123,13 @@ def purge_deleted(batch: int = PURGE_BATCH) -> int:
 def _purge_deliveries(subscription_id: str, batch: int) -> int:
     """One batch of a deleted subscription's deliveries, and the events left undelivered to anyone."""
     with write_transaction(durable=False):
-        purged = [event_id for (event_id,) in run_sql(_PURGE_DELIVERIES, (subscription_id, subscription_id, batch))]
+        batch_of = {"subscription_id": subscription_id, "limit": batch}
+        purged = [event_id for (event_id,) in run_sql(_PURGE_DELIVERIES, batch_of)]
         _delete_orphans(set(purged))
     return len(purged)
 
 
-def _write(statement: str, params) -> int:
+def _write(statement: str, params: dict) -> int:
     """One statement in its own write transaction; how many rows it changed."""
     with write_transaction(durable=False):
         return run_sql(statement, params).rowcount
@@ -155,7 +159,7 @@ def claim_daily_run(now: int) -> bool:
     and moves the lease a day on, atomically."""
     with write_transaction(durable=False):
         Setting.insert(name=_LEASE, value="0").on_conflict_ignore().execute()
-        return run_sql(_CLAIM, (str(now + DAY_MS), _LEASE, now)).rowcount == 1
+        return run_sql(_CLAIM, {"next_run_at": str(now + DAY_MS), "lease": _LEASE, "now_ms": now}).rowcount == 1
 
 
 def run_daily(clock, days: int) -> Pruned | None:

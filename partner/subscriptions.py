@@ -7,8 +7,8 @@ import secrets
 
 from peewee import fn
 
-from models import IN_FLIGHT_CONDITION, Delivery, Organization, Subscription
-from partner import event_types, safe_text
+from models import Delivery, Organization, Subscription
+from partner import event_types, queue, safe_text, sealing
 from partner.store.sql import is_sqlite, new_id, page_of, run_sql, select_rows, write_transaction
 from partner.validation import Check, Field
 from partner.errors import ApiError, OperatorError, ValidationError, field_error
@@ -18,15 +18,15 @@ from partner.outbound import ssrf
 # cost more than running it (bench/api_overhead). Keyset order over the index on
 # (organization_id, created_at, id); portable, run by database.select_rows.
 _PAGE_COLUMNS = ("SELECT id, url, description, events, active, consecutive_failures, auto_disabled_at, created_at "
-                 "FROM subscription WHERE organization_id = {p} AND deleted_at IS NULL")
-_FIRST_PAGE = _PAGE_COLUMNS + " ORDER BY created_at, id LIMIT {p}"
-_NEXT_PAGE = _PAGE_COLUMNS + " AND (created_at, id) > ({p}, {p}) ORDER BY created_at, id LIMIT {p}"
+                 "FROM subscription WHERE organization_id = :organization_id AND deleted_at IS NULL")
+_FIRST_PAGE = _PAGE_COLUMNS + " ORDER BY created_at, id LIMIT :limit"
+_NEXT_PAGE = _PAGE_COLUMNS + " AND (created_at, id) > (:after_created_at, :after_id) ORDER BY created_at, id LIMIT :limit"
 
 # A deleted subscription keeps its row (a tombstone) until retention.purge_deleted removes it with
 # its history in short batches; every query here passes over it.
 LIVE = Subscription.deleted_at.is_null()
 # Frees its in-flight attempt's lease, so an outcome arriving after the delete records nothing.
-_DROP_LEASES = f"UPDATE delivery SET lease_token = NULL WHERE subscription_id = {{p}} AND {IN_FLIGHT_CONDITION}"
+_DROP_LEASES = f"UPDATE delivery SET lease_token = NULL WHERE subscription_id = :subscription_id AND {queue.IN_FLIGHT}"
 
 MAX_SUBSCRIPTIONS = 100
 MAX_DESCRIPTION_LENGTH = 255
@@ -82,9 +82,16 @@ def create_subscription(org_id: str, url: str, description: str | None, now_ms: 
         if Subscription.select().where((Subscription.organization == org_id) & LIVE).count() >= MAX_SUBSCRIPTIONS:
             raise ValidationError([field_error(None, "too_many_subscriptions",
                                                f"An organization has at most {MAX_SUBSCRIPTIONS} subscriptions.")])
-        return Subscription.create(  # the secret is sealed as it is set (models.Subscription.secret)
-            id=new_id("wh"), organization=org_id, url=url, description=description,
-            secret=new_secret(), created_at=now_ms, events=None if events is None else json.dumps(events))
+        subscription_id = new_id("wh")
+        secret_key_id, secret_sealed = sealing.seal(subscription_id, new_secret())
+        return Subscription.create(
+            id=subscription_id, organization=org_id, url=url, description=description, secret_key_id=secret_key_id,
+            secret_sealed=secret_sealed, created_at=now_ms, events=None if events is None else json.dumps(events))
+
+
+def secret_of(subscription: Subscription) -> str:
+    """The subscription's signing secret, opened: held in memory only, never stored in plaintext."""
+    return sealing.open_secret(subscription.id, subscription.secret_key_id, subscription.secret_sealed)
 
 
 def find_subscription(org_id: str, subscription_id: str, lock: bool = False) -> Subscription:
@@ -105,10 +112,12 @@ def find_subscription(org_id: str, subscription_id: str, lock: bool = False) -> 
 
 def list_subscriptions(org_id: str, position: list | None, limit: int):
     """A page of the organization's subscriptions (rows by name), oldest first, and the next position."""
+    page = {"organization_id": org_id, "limit": limit + 1}
     if position is None:
-        rows = select_rows(_FIRST_PAGE, (org_id, limit + 1))
+        rows = select_rows(_FIRST_PAGE, page)
     else:
-        rows = select_rows(_NEXT_PAGE, (org_id, *position, limit + 1))
+        after_created_at, after_id = position
+        rows = select_rows(_NEXT_PAGE, {**page, "after_created_at": after_created_at, "after_id": after_id})
     return page_of(rows, limit, ["created_at", "id"])
 
 
@@ -119,7 +128,7 @@ def delete_subscription(subscription: Subscription, now_ms: int) -> None:
     order each waits for the other, and PostgreSQL rolls one back as a deadlock. On PostgreSQL a claim
     under way holds the subscription, and the update waits for it (why: outbox's module docstring)."""
     with write_transaction():
-        run_sql(_DROP_LEASES, (subscription.id,))
+        run_sql(_DROP_LEASES, {"subscription_id": subscription.id})
         Subscription.update(deleted_at=now_ms).where((Subscription.id == subscription.id) & LIVE).execute()
 
 

@@ -9,7 +9,9 @@ import pytest
 
 from models import Delivery, Event, Failure, Subscription, db
 from partner.outbox import claim_due
+from partner.events import CHUNK
 from partner.retention import purge_deleted
+from partner.store.sql import run_sql
 from partner.subscriptions import subscriptions_overview
 from tests.support import SLACK_SECONDS, WEBHOOKS, assert_problem, bearer, eventually, history_of, json_of, ping_as
 
@@ -32,21 +34,24 @@ def subscribe_receiver(client, auth, receiver):
 
 
 def add_history(subscription_id: str, events: int, failures_each: int, now: int) -> None:
-    """Finished events with many failure records each, written in bulk (plain executemany: building
+    """Finished events with many failure records each, written in bulk (rows of plain values: building
     a hundred thousand ORM rows would take most of the test's time)."""
     event_ids = [f"evt_bulk_{subscription_id}_{n}" for n in range(events)]
-    p = db.param
     with db.atomic():
-        cursor = db.cursor()
-        cursor.executemany(f"INSERT INTO event (id, kind, data, occurred_at, created_at) "
-                           f"VALUES ({p}, 'vc.test.ping', {p}, {p}, {p})",
-                           [(e, b"{}", now, now) for e in event_ids])
-        cursor.executemany(f"INSERT INTO delivery (event_id, subscription_id, state) VALUES ({p}, {p}, 'dead')",
-                           [(e, subscription_id) for e in event_ids])
-        cursor.executemany(f"INSERT INTO failure (id, subscription_id, event_id, attempt, error, response_excerpt, "
-                           f"duration_ms, attempted_at) VALUES ({p}, {p}, {p}, 1, 'timeout', '', 1, {p})",
-                           [(f"fail_{e}_{a}", subscription_id, e, now)
-                            for e in event_ids for a in range(failures_each)])
+        insert_rows("INSERT INTO event (id, kind, data, occurred_at, created_at) VALUES :rows",
+                    [(e, "vc.test.ping", b"{}", now, now) for e in event_ids])
+        insert_rows("INSERT INTO delivery (event_id, subscription_id, state) VALUES :rows",
+                    [(e, subscription_id, "dead") for e in event_ids])
+        insert_rows("INSERT INTO failure (id, subscription_id, event_id, attempt, error, response_excerpt, "
+                    "duration_ms, attempted_at) VALUES :rows",
+                    [(f"fail_{e}_{a}", subscription_id, e, 1, "timeout", "", 1, now)
+                     for e in event_ids for a in range(failures_each)])
+
+
+def insert_rows(template: str, rows: list[tuple]) -> None:
+    """`template`'s `:rows`, a statement per CHUNK of them (each within SQLite's parameter limit)."""
+    for start in range(0, len(rows), CHUNK):
+        run_sql(template, {"rows": rows[start:start + CHUNK]})
 
 
 def test_a_deleted_subscription_is_gone_at_once_and_its_history_later(app, client, auth, subscribe_receiver, clock):

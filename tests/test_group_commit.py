@@ -19,7 +19,7 @@ from tests.test_fair_claims import LEASE, NOW, claimed_ping, enqueue_ping, expir
 POLICY = RetryPolicy([60], 20)
 DELIVERED = AttemptResult(True, 200, None, "", 3)
 FAILED = AttemptResult(False, 500, "http_status", "", 3)
-SAVE = ("INSERT INTO setting (name, value) VALUES ({p}, 'saved') "
+SAVE = ("INSERT INTO setting (name, value) VALUES (:name, 'saved') "
         "ON CONFLICT (name) DO UPDATE SET value = excluded.value")
 
 
@@ -123,7 +123,7 @@ def test_an_item_that_fails_costs_the_others_in_its_batch_nothing(database):
             for name in names:
                 if name == "refused":
                     raise ValueError("this one cannot be written")
-                run_sql(SAVE, (name,))
+                run_sql(SAVE, {"name": name})
         return names
 
     names = ["first", "a", "refused", "b", "c"]
@@ -140,7 +140,7 @@ def test_an_item_that_fails_costs_the_others_in_its_batch_nothing(database):
     assert run_together(*[lambda name=name: write(name) for name in names]) == []
     assert isinstance(outcomes.pop("refused"), ValueError)
     assert outcomes == {name: name for name in names if name != "refused"}
-    saved = {row["name"] for row in select_rows("SELECT name FROM setting WHERE value = 'saved'", ())}
+    saved = {row["name"] for row in select_rows("SELECT name FROM setting WHERE value = 'saved'", {})}
     assert saved == {"first", "a", "b", "c"}
     assert max(counted.batches) > 1  # they were written together first, then one by one
 

@@ -1,4 +1,5 @@
-"""The product's layers (docs/architecture.md): no module imports one of a higher layer."""
+"""The product's layers (docs/architecture.md): no module imports one of a higher layer, and no
+modules import each other round a circle, within a layer or across."""
 
 import ast
 from pathlib import Path
@@ -54,6 +55,42 @@ def imports_of(path: Path) -> set[str]:
 MODULES = product_modules()
 
 
+def import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
+    """Each module and the modules among `modules` it imports (for type hints and deferred too)."""
+    return {module: {name for name in imports_of(path) if name in modules and name != module}
+            for module, path in modules.items()}
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Each circle of imports once, as a path from its first module (by name) round to it again: a
+    shortest one through that module, for each set of modules that all reach one another."""
+    reachable = {module: _reached(graph, module) for module in graph}
+    groups = {min(other for other in reachable[module] if module in reachable[other])
+              for module in graph if module in reachable[module]}
+    return [_shortest_round(graph, first) for first in sorted(groups)]
+
+
+def _reached(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen, stack = set(), [start]
+    while stack:
+        for name in graph[stack.pop()] - seen:
+            seen.add(name)
+            stack.append(name)
+    return seen
+
+
+def _shortest_round(graph: dict[str, set[str]], first: str) -> list[str]:
+    paths, seen = [[first]], set()
+    while True:  # breadth first: `first` is on a circle, so the search ends
+        path = paths.pop(0)
+        for name in sorted(graph[path[-1]]):
+            if name == first:
+                return [*path, first]
+            if name not in seen:
+                seen.add(name)
+                paths.append([*path, name])
+
+
 def test_every_product_module_has_a_layer():
     assert [name for name in MODULES if layer_of(name) is None and name != "partner"] == []
 
@@ -74,3 +111,19 @@ def test_a_module_that_imports_upward_is_found(tmp_path):
     path.write_text("from partner.subscriptions import find_subscription\n")
     assert "partner.subscriptions" in imports_of(path)
     assert layer_of("partner.subscriptions") > layer_of("partner.store.bad")
+
+
+def test_no_modules_import_each_other_round_a_circle():
+    found = [" -> ".join(circle) for circle in circles(import_graph(MODULES))]
+    assert found == [], f"modules import each other round a circle: {'; '.join(found)}"
+
+
+def test_a_circle_of_imports_is_found(tmp_path):
+    """The check itself: a circle of three, one module outside it importing into it, and an import
+    for type hints only (under TYPE_CHECKING) counting as much as any other."""
+    sources = {"a": "import b\n", "b": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from c import C\n",
+               "c": "def later():\n    import a\n", "d": "import a\n"}
+    for name, source in sources.items():
+        (tmp_path / f"{name}.py").write_text(source)
+    graph = import_graph({name: tmp_path / f"{name}.py" for name in sources})
+    assert circles(graph) == [["a", "b", "c", "a"]]

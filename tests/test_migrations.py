@@ -21,6 +21,7 @@ from tests.support import started_app
 from tests.support import open_database
 from partner import sealing
 from partner.store import migrations
+from partner.store.sql import run_sql_on
 from partner.errors import StartRefused
 from tests import test_models, test_postgres
 from models import Event, db
@@ -48,8 +49,8 @@ def build_release(database_url: str, release: str) -> None:
         for table, rows in ROWS.items():
             for row in rows:
                 names = ", ".join(f'"{name}"' for name in row)
-                marks = ", ".join([database.param] * len(row))
-                database.execute_sql(f'INSERT INTO "{table}" ({names}) VALUES ({marks})', list(row.values()))
+                values = ", ".join(f":{name}" for name in row)
+                run_sql_on(database, f'INSERT INTO "{table}" ({names}) VALUES ({values})', row)
 
 
 # Columns a later release moved: since 1.4 an event names no subscription (its deliveries do).
@@ -318,7 +319,7 @@ def table_file(database_url: str, table: str) -> bytes:
     with database.connection_context():
         database.execute_sql("CHECKPOINT")
         [(directory,)] = database.execute_sql("SHOW data_directory").fetchall()
-        [(path,)] = database.execute_sql("SELECT pg_relation_filepath(%s)", (table,)).fetchall()
+        [(path,)] = run_sql_on(database, "SELECT pg_relation_filepath(:table)", {"table": table}).fetchall()
     return (Path(directory) / path).read_bytes()
 
 

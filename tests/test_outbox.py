@@ -18,7 +18,7 @@ from partner.outbox import claim_due
 from partner.outcomes import NOT_RECORDED, Recorded
 from partner.retry import RetryPolicy
 from partner.retention import purge_deleted
-from partner.subscriptions import create_subscription, delete_subscription
+from partner.subscriptions import create_subscription, delete_subscription, secret_of
 from tests.support import body_of, delivery_of, history_of, query_plan, record_attempt, run_together
 from partner.outbound.transport import AttemptResult
 
@@ -138,7 +138,7 @@ def test_a_due_delivery_is_claimed_with_all_it_needs(subscription):
     [claim] = claim_due(NOW, 10, LEASE)
     assert (claim.event_id, claim.kind, claim.body, claim.attempt, claim.subscription_id, claim.url,
             claim.secret) == (event.id, "vc.test.ping", body_of(event, subscription.id), 1, subscription.id, URL,
-                              subscription.secret)
+                              secret_of(subscription))
     row = delivery(event.id)
     assert (row.state, row.due_at, row.lease_token, row.attempts) == \
         ("in_flight", NOW + LEASE, claim.lease_token, 0)
@@ -398,7 +398,7 @@ def test_a_ping_racing_an_auto_disable_is_never_sent(app, subscription):
         with app.app_context(), db.connection_context():
             for _ in range(20):
                 try:
-                    trigger_test_ping(org.id, subscription.id, subscription.secret, "KEYID", NOW + 1)
+                    trigger_test_ping(org.id, subscription.id, secret_of(subscription), "KEYID", NOW + 1)
                     outcomes.append("queued")
                 except ApiError as error:
                     outcomes.append(error.code)

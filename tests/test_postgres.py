@@ -24,7 +24,7 @@ from partner.events import enqueue_test_ping
 from partner.outbox import claim_due
 from partner.outcomes import Outcome, _held, write_outcomes
 from partner.retry import RetryPolicy
-from partner.subscriptions import MAX_SUBSCRIPTIONS, create_subscription, delete_subscription
+from partner.subscriptions import MAX_SUBSCRIPTIONS, create_subscription, delete_subscription, secret_of
 
 
 @pytest.fixture
@@ -130,7 +130,7 @@ def test_every_table_round_trips(database):
     ApiKey.create(key_id="K" * 20, organization=org, secret_hash="h" * 64, scopes="identity:read",
                   created_at=BIG_MS, revoked_at=BIG_MS + 1)
     subscription = Subscription.create(id="wh_1", organization=org, url="https://partner.example/é",
-                                       description=None, secret="whsec_x", active=False,
+                                       description=None, **support.sealed("wh_1", "whsec_x"), active=False,
                                        consecutive_failures=3, auto_disabled_at=BIG_MS, created_at=BIG_MS,
                                        deleted_at=BIG_MS + 2, concurrency_limit=16, concurrency_ceiling=5,
                                        concurrency_pin=2, paused_until=BIG_MS + 3, events='["lead.*"]')
@@ -143,7 +143,7 @@ def test_every_table_round_trips(database):
                    next_attempt_at=None, error_detail="deadline of 10 s reached while connecting — é")
     Setting.delete().execute()  # the cursor key the schema came with
     Setting.create(name="a_setting", value="ab" * 32)
-    assert Subscription.get().secret == "whsec_x"  # stored sealed, opened again
+    assert secret_of(Subscription.get()) == "whsec_x"  # stored sealed, opened again
     sealed = ("secret_key_id", "secret_sealed")
     assert {model: [{k: v for k, v in row.__data__.items() if k not in sealed} for row in model.select()]
             for model in models.MODELS} == {
@@ -184,7 +184,7 @@ def test_defaults_come_from_the_schema(database):
 def test_deleting_a_subscription_cascades(database):
     org = Organization.create(id="org_1", slug="acme", created_at=1)
     subscription = Subscription.create(id="wh_1", organization=org, url="https://x.example/",
-                                       secret="s", created_at=1)
+                                       **support.sealed("wh_1", "s"), created_at=1)
     event = Event.create(id="evt_1", kind="k", data=b"{}", occurred_at=1, created_at=1)
     Delivery.create(event=event, subscription=subscription, state=Delivery.PENDING, due_at=1)
     Failure.create(id="fail_1", subscription=subscription, event=event, attempt=1, error="timeout",
@@ -432,8 +432,8 @@ def test_a_key_rotation_waits_for_a_held_row_and_says_so(database, postgres_url,
     assert errors == []
     assert rotated[0].resealed == 2
     assert {s.secret_key_id for s in Subscription.select()} == {rotated[0].key_id}
-    assert [s.secret for s in Subscription.select().order_by(Subscription.id)] == \
-        [s.secret for s in sorted((held, other), key=lambda s: s.id)]
+    assert [secret_of(s) for s in Subscription.select().order_by(Subscription.id)] == \
+        [secret_of(s) for s in sorted((held, other), key=lambda s: s.id)]
 
 
 def test_two_first_keys_of_one_organization_share_it(database, postgres_url):

@@ -16,7 +16,7 @@ import stripe
 import signing
 from models import Subscription, db
 from partner.subscriptions import new_secret
-from tests.support import lead
+from tests.support import lead, sealed
 
 NODE = Path(__file__).parent / "node"
 # What token_urlsafe(32) gave before 1.4: base64url, unpadded; the bytes e0..ff, with "-" and "_",
@@ -99,9 +99,7 @@ def delivered_under(app, dispatcher, receiver, subscribe, ping):
     def deliver(secret: str):
         subscription = subscribe(receiver.url)
         with app.app_context(), db.connection_context():
-            stored = Subscription.get_by_id(subscription["id"])
-            stored.secret = secret
-            stored.save()
+            Subscription.update(**sealed(subscription["id"], secret)).where(Subscription.id == subscription["id"]).execute()
         ping({**subscription, "secret": secret})
         assert dispatcher.run_due() == 1
         return receiver.received[-1]

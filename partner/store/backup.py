@@ -116,8 +116,8 @@ def _verified_version(path: str) -> int:
         connection = sqlite3.connect(file_uri(path, "ro"), uri=True)
         try:
             [(verdict,)] = connection.execute("PRAGMA integrity_check(1)").fetchall()
-            versioned = connection.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
-                                           (migrations.HISTORY_TABLE,)).fetchall()
+            versioned = connection.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = :table",
+                                           {"table": migrations.HISTORY_TABLE}).fetchall()
             # No history: a database made by release 1.0 or 1.1, version 0.
             names = connection.execute(f'SELECT name FROM "{migrations.HISTORY_TABLE}"').fetchall() if versioned else []
         finally:
@@ -189,8 +189,8 @@ def _release_leases(path: str) -> None:
     connection = sqlite3.connect(path)
     try:
         with connection:
-            connection.execute("UPDATE delivery SET state = 'pending', lease_token = NULL, due_at = ? "
-                               "WHERE state = 'in_flight'", (int(time.time() * 1000),))
+            connection.execute("UPDATE delivery SET state = 'pending', lease_token = NULL, due_at = :now_ms "
+                               "WHERE state = 'in_flight'", {"now_ms": int(time.time() * 1000)})
     finally:
         connection.close()
 

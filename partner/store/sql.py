@@ -95,14 +95,16 @@ class ParameterError(Exception):
     """A statement and its parameters do not match: a name it uses is missing, or one given is unused."""
 
 
-def run_sql(template: str, params, ids: int = 0, **parts: str):
+def run_sql(template: str, params: Mapping, **parts: str):
     """Execute a hand-written, portable statement of a hot path. `:name` is a parameter bound from the
     mapping `params` by name (bind); any {name} a fixed SQL part from `parts`."""
-    if isinstance(params, Mapping):
-        text, values = bind(template.format(**parts) if parts else template, params, db.param)
-        return db.execute_sql(text, values)
-    p = db.param
-    return db.execute_sql(template.format(p=p, ids=", ".join([p] * ids), **parts), tuple(params))
+    return run_sql_on(db, template.format(**parts) if parts else template, params)
+
+
+def run_sql_on(database, template: str, params: Mapping):
+    """Execute `template` on `database` (a migration's, a copy's: not necessarily the service's), each
+    `:name` bound from `params` by name (bind)."""
+    return database.execute_sql(*bind(template, params, database.param))
 
 
 def bind(text: str, params: Mapping, placeholder: str) -> tuple[str, tuple]:
@@ -138,15 +140,9 @@ def _split(text: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
     return tuple(pieces[0::2]), tuple(pieces[1::2])
 
 
-def value_rows(count: int, width: int) -> str:
-    """`count` rows of `width` placeholders, for a `VALUES` list or a row-value `IN (VALUES ...)`."""
-    row = "(" + ", ".join([db.param] * width) + ")"
-    return ", ".join([row] * count)
-
-
-def select_rows(template: str, params, ids: int = 0, **parts: str) -> list[dict]:
+def select_rows(template: str, params: Mapping, **parts: str) -> list[dict]:
     """run_sql, with each row read by column name (`AS` names it): rows never read by position."""
-    cursor = run_sql(template, params, ids, **parts)
+    cursor = run_sql(template, params, **parts)
     names = [column[0] for column in cursor.description]
     return [dict(zip(names, row)) for row in cursor.fetchall()]
 

@@ -5,6 +5,7 @@ scrubbed after the commit (partner.migrations.scrub)."""
 from peewee import BlobField, TextField
 
 from partner import sealing
+from partner.store.sql import run_sql_on
 
 SCRUB = True  # this migration removes secrets: the database is rewritten after it
 
@@ -16,11 +17,10 @@ class Bytea(BlobField):
 def up(migrator, db):
     migrator.migrate(migrator.add_column("subscription", "secret_key_id", TextField(null=True)),
                      migrator.add_column("subscription", "secret_sealed", Bytea(null=True)))
-    p = db.param
     for subscription_id, secret in db.execute_sql('SELECT id, secret FROM subscription').fetchall():
         key_id, sealed = sealing.seal(subscription_id, secret)
-        db.execute_sql(f"UPDATE subscription SET secret_key_id = {p}, secret_sealed = {p} WHERE id = {p}",
-                       (key_id, sealed, subscription_id))
+        run_sql_on(db, "UPDATE subscription SET secret_key_id = :key_id, secret_sealed = :sealed WHERE id = :subscription_id",
+                   {"key_id": key_id, "sealed": sealed, "subscription_id": subscription_id})
     migrator.migrate(migrator.add_not_null("subscription", "secret_key_id"),
                      migrator.add_not_null("subscription", "secret_sealed"),
                      migrator.drop_column("subscription", "secret"))

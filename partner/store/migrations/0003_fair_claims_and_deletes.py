@@ -9,7 +9,7 @@ purged. The `delivery_queue` index walks each subscription's open deliveries in 
 Plain portable DDL: SQLite and PostgreSQL both add a column with a constant default in place,
 without rebuilding the table (peewee's migrator would rebuild it on SQLite for the NOT NULL)."""
 
-OPEN = "\"state\" IN ('pending', 'in_flight')"  # the partial indexes' own condition (models.OPEN_CONDITION)
+OPEN = "\"state\" IN ('pending', 'in_flight')"  # the partial indexes' own condition (partner/queue.py's OPEN)
 STATEMENTS = (
     'ALTER TABLE "subscription" ADD COLUMN "deleted_at" BIGINT',
     'ALTER TABLE "delivery" ADD COLUMN "seq" BIGINT NOT NULL DEFAULT 0',

@@ -14,6 +14,8 @@ import json
 
 from peewee import PostgresqlDatabase
 
+from partner.store.sql import run_sql_on
+
 SQLITE_REBUILD = (
     'CREATE TABLE "event_1_4" ("id" TEXT NOT NULL PRIMARY KEY, "kind" TEXT NOT NULL, "body" BYTEA, '
     '"created_at" BIGINT NOT NULL, "occurred_at" BIGINT NOT NULL, "data" BYTEA NOT NULL)',
@@ -65,6 +67,10 @@ BOTH = (
     'CREATE INDEX "idempotency_key_created_at" ON "idempotency_key" ("created_at")',
 )
 BATCH = 1000
+_OLD_EVENTS = 'SELECT "id", "body" FROM "event" WHERE "id" > :after_id ORDER BY "id" LIMIT :limit'
+# One statement a batch; both databases name a VALUES list's columns column1, column2.
+_SET_DATA = ('UPDATE "event" SET "data" = envelope.column2 FROM (VALUES :rows) AS envelope '
+             'WHERE "event"."id" = envelope.column1')
 
 
 def up(migrator, db):
@@ -76,12 +82,11 @@ def up(migrator, db):
 
 def _read_data_from_envelopes(db) -> None:
     """Each old event's `data`, from its envelope (`{}` where the envelope has none to read)."""
-    p, after = db.param, ""
-    while rows := db.execute_sql(f'SELECT "id", "body" FROM "event" WHERE "id" > {p} ORDER BY "id" LIMIT {BATCH}',
-                                 (after,)).fetchall():
-        updates = [(data, event_id) for event_id, body in rows if (data := _data_of(bytes(body))) != b"{}"]
+    after = ""
+    while rows := run_sql_on(db, _OLD_EVENTS, {"after_id": after, "limit": BATCH}).fetchall():
+        updates = [(event_id, data) for event_id, body in rows if (data := _data_of(bytes(body))) != b"{}"]
         if updates:
-            db.cursor().executemany(f'UPDATE "event" SET "data" = {p} WHERE "id" = {p}', updates)
+            run_sql_on(db, _SET_DATA, {"rows": updates})
         after = rows[-1][0]
 
 

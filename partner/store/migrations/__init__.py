@@ -22,6 +22,7 @@ from peewee import OperationalError, PostgresqlDatabase
 from playhouse.migrations import Runner
 
 from partner.store import postgres
+from partner.store.sql import run_sql_on
 
 DIRECTORY = Path(__file__).parent
 SCHEMA_PATH = DIRECTORY.parents[2] / "schema.sql"
@@ -105,9 +106,8 @@ def status_of_nothing() -> SchemaStatus:
 def add_cursor_key(database) -> None:
     """The service's key for sealing cursors (partner/edge/pagination.py), made with the schema so that
     a later start, which may find an operator's shell holding the write lock, has nothing to write."""
-    p = database.param
-    database.execute_sql(f"INSERT INTO setting (name, value) VALUES ({p}, {p}) ON CONFLICT (name) DO NOTHING",
-                         (CURSOR_KEY, secrets.token_hex(32)))
+    run_sql_on(database, "INSERT INTO setting (name, value) VALUES (:name, :value) ON CONFLICT (name) DO NOTHING",
+               {"name": CURSOR_KEY, "value": secrets.token_hex(32)})
 
 
 def upgrade(database) -> list[str]:
@@ -163,13 +163,12 @@ def scrub(database) -> None:
         if busy:
             raise OperationalError("database is locked: a reader in another process kept the scrub "
                                    "from emptying the -wal")
-    database.execute_sql(f"DELETE FROM setting WHERE name = {database.param}", (SCRUB_OWED,))
+    run_sql_on(database, "DELETE FROM setting WHERE name = :name", {"name": SCRUB_OWED})
 
 
 def _scrub_owed(database) -> list[str]:
     """The migrations whose scrub is owed (SCRUB_OWED)."""
-    owed = database.execute_sql(f"SELECT value FROM setting WHERE name = {database.param}",
-                                (SCRUB_OWED,)).fetchone()
+    owed = run_sql_on(database, "SELECT value FROM setting WHERE name = :name", {"name": SCRUB_OWED}).fetchone()
     return owed[0].split() if owed else []
 
 
@@ -196,10 +195,9 @@ def _run(database, current: SchemaStatus) -> list[str]:
     owing = [migration.name for migration in runner(database).migrations()
              if migration.name in applied and getattr(migration.load(), "SCRUB", False)]
     if owing:
-        p = database.param
-        database.execute_sql(f"INSERT INTO setting (name, value) VALUES ({p}, {p}) "
-                             "ON CONFLICT (name) DO UPDATE SET value = excluded.value",
-                             (SCRUB_OWED, " ".join(current.scrub_owed + owing)))
+        run_sql_on(database, "INSERT INTO setting (name, value) VALUES (:name, :value) "
+                   "ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+                   {"name": SCRUB_OWED, "value": " ".join(current.scrub_owed + owing)})
     return applied
 
 
@@ -240,11 +238,12 @@ def _migration_lock(database):
     if not isinstance(database, PostgresqlDatabase):
         yield
         return
-    database.execute_sql("SELECT pg_advisory_lock(%s)", (MIGRATION_LOCK_ID,))
+    lock = {"lock_id": MIGRATION_LOCK_ID}
+    run_sql_on(database, "SELECT pg_advisory_lock(:lock_id)", lock)
     try:
         yield
     finally:
-        database.execute_sql("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK_ID,))
+        run_sql_on(database, "SELECT pg_advisory_unlock(:lock_id)", lock)
 
 
 def _create(database) -> list[str]:
