@@ -1,6 +1,10 @@
 """Hand-written SQL binds its parameters by name: a name missing or left over fails loudly."""
 
+import re
+
 import pytest
+
+from tests.test_layers import MODULES, ROOT
 
 from partner.store.sql import ParameterError, bind, run_sql
 
@@ -22,3 +26,19 @@ def test_the_database_never_sees_a_statement_missing_a_parameter(database):
     with pytest.raises(ParameterError):
         run_sql("SELECT :a AS a", {})
     assert run_sql("SELECT :a AS a", {"a": 7}).fetchone()[0] == 7
+
+
+# A positional placeholder (the drivers' `?` and `%s`, ours before names), on a line of SQL.
+POSITIONAL = re.compile(r"\{p\}|\{ids\}|%s|(?<![\w'\"])\?(?=\s*[,)'\"]|\s+(AND|OR|LIMIT)\b)|\.param\b")
+SQL_LINE = re.compile(r"\b(SELECT|UPDATE|INSERT|DELETE|WHERE|VALUES|SET|LIMIT|AND)\b|\.param\b")
+
+
+def product_sources():
+    return sorted(set(MODULES.values()))
+
+
+def test_no_product_statement_binds_by_position():
+    found = [f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+             for path in product_sources() if path.name != "sql.py"
+             for number, line in enumerate(path.read_text().splitlines(), 1) if SQL_LINE.search(line) and POSITIONAL.search(line)]
+    assert found == []
