@@ -22,7 +22,7 @@ from partner import retention
 from partner.claims import Claim, any_due, next_due_at
 from partner.courier import Courier
 from partner.jobs import SCAN_JOB, Jobs
-from partner.outbox import claim_due, release
+from partner.outbox import claim_due
 from partner.store.availability import database_failed, database_outage, describe, is_unavailable
 from partner.store.connection import db
 from partner.store.sql import probe_write
@@ -61,7 +61,7 @@ class Dispatcher:
         self._free_slots = self.threads
         # Of those, how many subscriptions whose last attempt failed may still take.
         self._free_failing_slots = max(1, self.concurrency // 2)
-        self._slots_lock = threading.Lock()
+        self._slots = threading.Condition()  # guards the two counts; notified when every slot is free
         self._pool: ThreadPoolExecutor | None = None
         # self.scan looked up at each run: a seam, so a test can count scans (tests.support.counting_scans).
         self.jobs = Jobs(lambda: self.scan(), config["DELIVERY_POLL_INTERVAL"], self.clock, config["RETENTION_DAYS"])
@@ -85,12 +85,23 @@ class Dispatcher:
 
     def stop(self) -> None:
         """Stop polling and wait for attempts in flight (each ends within the timeout). From the
-        first moment nothing more is claimed: a finishing attempt does not refill its slot."""
+        first moment nothing more is claimed: a finishing attempt does not refill its slot. A claim
+        under way is attempted too, never given back: a give-back is a write, which the database may
+        refuse (the outage that stops the worker), and the lease it leaves would count, once expired,
+        as an attempt made and never recorded."""
         self._stopping.set()
         self.jobs.stop()
         if self._pool:
+            self._wait_for_every_slot()
             self._pool.shutdown(wait=True)
             log.info("delivery scanner stopped")
+
+    def _wait_for_every_slot(self) -> None:
+        """Wait until every slot is free: a scan that reserved some before the stop has submitted its
+        claims to the pool, still running, and their attempts have ended. No scan reserves any after
+        the stop (_reserve_slots)."""
+        with self._slots:
+            self._slots.wait_for(lambda: self._free_slots == self.threads)
 
     def scheduler_state(self) -> str:
         """`running`, `disabled` (PARTNER_SCHEDULER_ENABLED false) or `stopped` (not started here)."""
@@ -172,21 +183,10 @@ class Dispatcher:
         self._next_scan_at = time.monotonic() + self._scan_backoff
 
     def _start(self, claims: list[Claim]) -> int:
-        """Submit each claim to the pool; give back what a stopping pool no longer takes."""
-        for started, claim in enumerate(claims):
-            try:
-                self._pool.submit(self._run_in_slot, claim)
-            except RuntimeError:  # the pool was shut down between the claim and now
-                self._abandon(claims[started:])
-                return started
+        """Submit each claim to the pool (which stop() shuts down only once their slots are free)."""
+        for claim in claims:
+            self._pool.submit(self._run_in_slot, claim)
         return len(claims)
-
-    def _abandon(self, claims: list[Claim]) -> None:
-        self._release_slots(len(claims), sum(c.failing for c in claims))
-        with db.connection_context():
-            released = release(claims, now_ms(self.clock))
-        log.warning("delivery scanner stopping: gave back %d claimed deliveries (due now, for the "
-                    "next process): %s", released, " ".join(c.event_id for c in claims))
 
     def run_due(self) -> int:
         """Claim and attempt every due delivery in this thread, one at a time; for tests and tools."""
@@ -228,8 +228,11 @@ class Dispatcher:
                 log.exception("delivery scan after an attempt failed")
 
     def _reserve_slots(self) -> tuple[int, int]:
-        """Take every free slot, and as many of them as failing subscriptions may still use."""
-        with self._slots_lock:
+        """Take every free slot, and as many of them as failing subscriptions may still use; none once
+        the dispatcher is stopping (decided under the lock stop() waits on)."""
+        with self._slots:
+            if self._stopping.is_set():
+                return 0, 0
             reserved, self._free_slots = self._free_slots, 0
             failing = min(reserved, self._free_failing_slots)
             self._free_failing_slots -= failing
@@ -237,7 +240,10 @@ class Dispatcher:
 
     def _release_slots(self, count: int, failing: int) -> bool:
         """Give back slots; whether every slot is free now (nothing in flight or claiming here)."""
-        with self._slots_lock:
+        with self._slots:
             self._free_slots += count
             self._free_failing_slots += failing
-            return self._free_slots == self.threads
+            idle = self._free_slots == self.threads
+            if idle:
+                self._slots.notify_all()
+            return idle

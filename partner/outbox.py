@@ -157,14 +157,6 @@ def _claim_of(row: dict, token: str) -> Claim:
                  row["consecutive_failures"] > 0, bool(row["may_widen"]), row["created_at"])
 
 
-def release(claims: list[Claim], now_ms: int) -> int:
-    """Give back claims that will not be attempted (the process is stopping): pending and due now,
-    the attempt not counted, so another process (or this one restarted) takes them at once."""
-    with write_transaction(durable=False):
-        return sum(_release(claim.lease_token, claim.event_id, claim.subscription_id, Delivery.PENDING, now_ms)
-                   for claim in claims)
-
-
 def put_off(claim: Claim, due_ms: int) -> bool:
     """Give back a claim whose attempt could not start (no DNS lookup of its host could: partner/courier.py):
     pending, due at `due_ms`, the attempt not counted, its subscription's pending deliveries due no

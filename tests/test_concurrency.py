@@ -4,9 +4,11 @@ across claimers), then real dispatchers and receivers."""
 
 import logging
 import multiprocessing
+import sys
 import sqlite3
 import threading
 import time
+from collections import Counter
 from email.utils import format_datetime
 from datetime import datetime, timezone
 
@@ -21,7 +23,7 @@ from partner.outbox import claim_due
 from partner.outcomes import Outcome, write_outcomes
 from partner.outbound.transport import AttemptResult
 from partner.subscriptions import set_concurrency
-from tests.support import eventually, run_together
+from tests.support import allow_in_sqlite, delivery_of, eventually, refuse_in_sqlite, run_together
 from tests.test_fair_claims import LEASE, NOW, POLICY, enqueue_ping, subscriptions
 from tests.test_metrics import scrape, value
 
@@ -412,6 +414,74 @@ def runs_of_the_scan(caplog) -> int:
     """How many runs of the scan job the scheduler started or refused."""
     return sum(1 for record in caplog.records if record.name.startswith("apscheduler") and "scan" in
                record.getMessage() and ("Running job" in record.getMessage() or "skipped" in record.getMessage()))
+
+
+@pytest.mark.config(SCHEDULER_ENABLED=True, WEBHOOK_ALLOWED_NETWORKS=["127.0.0.0/8"], DELIVERY_POLL_INTERVAL=60,
+                    DELIVERY_CONCURRENCY=1)
+@pytest.mark.parametrize("brief_busy_timeout", [20_000], indirect=True)  # the claim waits out the test's steps
+def test_a_stop_during_an_outage_counts_as_unrecorded_only_attempts_that_were_made(
+        brief_busy_timeout, dispatcher, database, database_url, organization, start_receiver, clock):
+    """The worker stops while the database is locked from outside and a scan's claim waits for it. Before,
+    that claim committed once the lock was let go, found the pool shut down, and gave its delivery back;
+    the database refused the give-back (the outage again), so the delivery's lease ran out and the next
+    claim counted an attempt never made as one whose outcome was lost. Now the stop waits for the claim,
+    and every delivery claimed is attempted: what is counted is what the receiver saw unrecorded."""
+    gate = threading.Event()
+    receiver = start_receiver(script=[gated(gate)])
+    first, second = subscriptions(organization("acme"), 2, receiver.url)
+    attempted = enqueue_ping(first)
+    dispatcher.courier.record, dispatcher.courier.record_pauses = refuse_to_record, ()  # no outcome is written
+    dispatcher.start()
+    assert receiver.wait_for(1)  # the one slot busy
+    claimed = enqueue_ping(second)
+    # Once the lock is let go, the database still refuses what gives a claim back (pending again).
+    refuse_in_sqlite("UPDATE OF state ON delivery WHEN NEW.state = 'pending'")
+    lock = hold_sqlite_write_lock(database_url.removeprefix("sqlite:///"))
+    try:
+        gate.set()  # the attempt ends, unrecorded, and its slot's refill scan waits for the lock
+        assert eventually(lambda: running("claim_due"))
+        stopping = threading.Thread(target=dispatcher.stop)
+        stopping.start()
+        assert eventually(lambda: waiting_after_the_jobs(stopping))
+    finally:
+        lock.rollback()
+        lock.close()
+    stopping.join(timeout=30)
+    assert not stopping.is_alive()
+    allow_in_sqlite()
+    clock.advance(dispatcher.courier.lease_ms / 1000)  # every lease has run out
+    claim_due(int(clock() * 1000), 8, LEASE)
+    seen = Counter(request.headers["X-VC-Event-Id"] for request in receiver.received)
+    assert {event_id: delivery_of(event_id).unrecorded for event_id in (attempted, claimed)} == {
+        attempted: 1, claimed: seen[claimed]}
+    assert seen[claimed] == 1  # claimed before the stop: attempted, not given back
+
+
+def running(function: str) -> bool:
+    """Whether a thread of this process is inside a function of that name now."""
+    return any(function in names(frame) for frame in sys._current_frames().values())
+
+
+def waiting_after_the_jobs(thread: threading.Thread) -> bool:
+    """Whether the dispatcher's stop, in `thread`, has stopped the scheduler and now waits (for the
+    claims and attempts under way)."""
+    frame = sys._current_frames().get(thread.ident)
+    return (frame is not None and frame.f_code.co_name in ("wait", "_wait_for_tstate_lock")
+            and not any("apscheduler" in name or name.endswith("jobs.py") for name in files(frame)))
+
+
+def names(frame) -> set[str]:
+    return {f.f_code.co_name for f in stack(frame)}
+
+
+def files(frame) -> set[str]:
+    return {f.f_code.co_filename for f in stack(frame)}
+
+
+def stack(frame):
+    while frame is not None:
+        yield frame
+        frame = frame.f_back
 
 
 # --- a failing endpoint is held, not hammered -----------------------------------------------------

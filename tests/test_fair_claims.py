@@ -17,7 +17,7 @@ from partner.concurrency import FIRST_BACKOFF_MS
 from partner.history import replay_dead_letters
 from partner.events import enqueue_test_ping
 from partner.claims import MAX_UNRECORDED
-from partner.outbox import claim_due, release
+from partner.outbox import claim_due, put_off
 from partner.outbound.transport import AttemptResult
 from partner.retry import RetryPolicy
 from partner.store.sql import run_sql
@@ -283,7 +283,8 @@ def test_a_replayed_not_recorded_dead_letter_is_attempted_with_a_fresh_budget(or
 def test_giving_a_claim_back_does_not_count_it_as_unrecorded(organization):
     [subscription] = subscriptions(organization("acme"), 1)
     event_id = enqueue_ping(subscription)
-    release(claim_due(NOW, 8, LEASE), NOW)
+    [claim] = claim_due(NOW, 8, LEASE)
+    assert put_off(claim, NOW)
     claim_due(NOW, 8, LEASE)
     assert delivery_of(event_id).unrecorded == 0
 
@@ -312,7 +313,7 @@ def test_giving_back_a_claim_dead_lettered_meanwhile_leaves_it_dead(organization
     late, claim = expired_and_next(subscriptions(organization("acme"), 1)[0])
     record_attempt(late, AttemptResult(False, 500, "http_status", "", 1), NOW, NOW + LEASE + 2,
                    RetryPolicy([60], 1), jitter=0)  # auto-disables: every open delivery dead-lettered
-    assert release([claim], NOW + LEASE + 3) == 0
+    assert not put_off(claim, NOW + LEASE + 3)
     assert delivery_of(claim.event_id).state == "dead"
 
 

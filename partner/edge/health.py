@@ -2,8 +2,9 @@
 
 They need no API key, are never rate limited, never write, and open no pooled connection: the
 database is read only through backlog.read_backlog, which is bounded in time, so none of them can
-hang or load the database with commits. During a database outage that read is also the probe that
-ends it once the database takes writes again (availability.probe_answered).
+hang or load the database with commits. That read also asks whether a write could begin, writing
+nothing: a write lock another process holds makes /readyz not ready, and during an outage a probe that
+goes through ends it (availability.probe_answered).
 """
 
 import threading
@@ -44,11 +45,14 @@ def readyz():
     except DatabaseUnavailable as error:
         raise ApiError(503, "not_ready", f"database: {error}.") from None
     # Whether writes commit is learned from the service's own writes (a 503, the scanner's claims)
-    # and, during an outage, from a probe that writes nothing (_read_backlog); never from a commit
-    # here: a probe that commits would let anyone load the database with GETs.
+    # and from a probe that writes nothing (_read_backlog); never from a commit here: a probe that
+    # commits would let anyone load the database with GETs.
     refusal = database_outage.failure
     if refusal:
         raise ApiError(503, "not_ready", f"database: the database cannot take a write ({refusal}).")
+    if backlog.writable is False:
+        raise ApiError(503, "not_ready", "database: another process holds the database's write lock "
+                                         "(writes wait for it).")
     return {"status": "ready", "database": "ok",
             "scheduler": current_app.extensions["delivery"].scheduler_state(),
             "deliveries_due": backlog.due, "oldest_due_seconds": backlog.oldest_due_seconds(now)}
@@ -114,10 +118,10 @@ def _backlog(now: int):
 
 
 def _read_backlog(now: int, most: int):
-    """The due backlog, read within READY_TIMEOUT_SECONDS; during an outage with the probe too."""
-    outage = database_outage.active
-    backlog = read_backlog(now, READY_TIMEOUT_SECONDS, most, probe=outage)
-    if outage and backlog.writable:
+    """The due backlog and the write probe, within READY_TIMEOUT_SECONDS; a probe that went through
+    ends an outage."""
+    backlog = read_backlog(now, READY_TIMEOUT_SECONDS, most)
+    if backlog.writable:
         probe_answered()
     return backlog
 

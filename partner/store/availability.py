@@ -3,7 +3,7 @@
 An outage is logged as an operator wants to read it: one ERROR when it starts failing (or fails in a
 new way), one line when it works again, and nothing per request or per poll between. The database's
 outage ends when a write commits (`watch_commit`), or when a probe that writes nothing goes through
-(`probe_answered`: /readyz and the scrape ask for one during an outage), so that it ends by itself
+(`probe_answered`: /readyz and the scrape ask for one), so that it ends by itself
 with or without a scheduler. Not when a partner's read answers: reads go on through a full disk or a
 lock held from outside.
 """

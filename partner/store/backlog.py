@@ -18,7 +18,7 @@ from partner import queue
 from partner.store import postgres
 from partner.store.backup import file_uri
 from partner.store.connection import db
-from partner.store.sql import bind
+from partner.store.sql import bind, writer_turn_if_free
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ class Backlog:
     oldest_due_at: int | None  # Unix ms
     at_limit: int = 0
     paused: int = 0
-    writable: bool | None = None  # what the probe found, when asked for one (read_backlog)
+    writable: bool | None = None  # whether a write could begin (read_backlog); None: not found out
     ready: int = 0  # of `due`, those of subscriptions no receiver holds
     oldest_ready_at: int | None = None
 
@@ -51,18 +51,18 @@ def _age(at_ms: int | None, now_ms: int) -> float:
     return 0.0 if at_ms is None else max(0, now_ms - at_ms) / 1000
 
 
-def read_backlog(now_ms: int, timeout: float, most: int, probe: bool = False) -> Backlog:
+def read_backlog(now_ms: int, timeout: float, most: int) -> Backlog:
     """Count due deliveries, and subscriptions held at their limit (`most`: the most attempts in
-    flight to one) or paused, within `timeout` seconds: reads, never a write, so that asking (a
-    readiness probe, a scrape, a hammer of either) costs the database no commit. Raises
-    DatabaseUnavailable. With `probe`, also find out whether a write could begin (`writable`)."""
+    flight to one) or paused, and find out whether a write could begin (`writable`), within `timeout`
+    seconds: never a write, so that asking (a readiness probe, a scrape, a hammer of either) costs the
+    database no commit. Raises DatabaseUnavailable."""
     try:
         connection, p = _connect(db.obj, timeout)
         with closing(connection):
             due = _read(connection, p, queue.DUE, now_ms=now_ms)
             at_limit = _read(connection, p, queue.AT_LIMIT, now_ms=now_ms, most=most)["at_limit"]
             held = _read(connection, p, queue.HELD, now_ms=now_ms)["held"]
-            writable = _write_lock_free(connection) if probe else None
+            writable = _write_lock_free(connection)
     except (sqlite3.Error, psycopg2.Error) as error:
         # The driver's message may name the database host: it goes to the log, not to the caller.
         log.warning("database check failed: %s", _first_line(error))
@@ -83,21 +83,26 @@ def _ms(value) -> int | None:
     return None if value is None else int(value)
 
 
-def _write_lock_free(connection) -> bool:
+def _write_lock_free(connection) -> bool | None:
     """Whether a write could begin now, found without writing. PostgreSQL: it answered the read,
     and its writes need nothing more. SQLite: BEGIN IMMEDIATE takes the one write lock and ROLLBACK
     lets it go, with nothing written (no page, no -wal frame, no commit for data_version to count),
-    and within PROBE_LOCK_MS: a lock held from outside (an operator's shell) fails it; one of this
-    service's own writes holds it for milliseconds."""
+    and within PROBE_LOCK_MS: a lock held from outside (an operator's shell, a backup tool) fails it.
+    Only while no thread of this process writes, and holding its writers off meanwhile: a busy service
+    writes back to back, so a probe between its writes would find the lock taken by this very process
+    and call it not ready. While one does, None: its commit, or its failure, tells (availability)."""
     if not isinstance(connection, sqlite3.Connection):
         return True
-    connection.execute(f"PRAGMA busy_timeout = {PROBE_LOCK_MS}")
-    try:
-        connection.execute("BEGIN IMMEDIATE")
-    except sqlite3.OperationalError:  # locked, or a file this process may not write
-        return False
-    connection.execute("ROLLBACK")
-    return True
+    with writer_turn_if_free() as ours:
+        if not ours:
+            return None
+        connection.execute(f"PRAGMA busy_timeout = {PROBE_LOCK_MS}")
+        try:
+            connection.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError:  # locked, or a file this process may not write
+            return False
+        connection.execute("ROLLBACK")
+        return True
 
 
 def _connect(database, timeout: float) -> tuple:

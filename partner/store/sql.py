@@ -77,6 +77,19 @@ def _writer_turn():
         _SQLITE_WRITER.release()
 
 
+@contextmanager
+def writer_turn_if_free():
+    """This thread's turn at the one SQLite writer if no other thread of this process has it now,
+    taken without waiting: yields whether it was free. While it is held, this process's writers wait
+    for it (WRITER_WAIT_SECONDS at most)."""
+    free = _SQLITE_WRITER.acquire(blocking=False)
+    try:
+        yield free
+    finally:
+        if free:
+            _SQLITE_WRITER.release()
+
+
 def _rolled_back_cause(error: OperationalError) -> BaseException:
     """The error to report for a failed SQLite transaction. A commit that fails for want of space
     (or on I/O) is rolled back by SQLite itself; peewee's ROLLBACK after it then fails with "no
