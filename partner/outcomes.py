@@ -30,10 +30,13 @@ _FINISH_DELIVERED = ("UPDATE delivery SET state = 'delivered', attempts = attemp
 # Recording's half on PostgreSQL: the deliveries whose lease is still ours and whose subscription is not
 # deleted, each locked and then its subscription. FOR NO KEY UPDATE, the lock the writes that follow
 # take: two recordings of one subscription (a late outcome and the next delivery's) holding FOR SHARE
-# would each wait for the other to let it write.
+# would each wait for the other to let it write. Subscription by subscription in id order (rows are
+# locked in the ORDER BY's order): two processes' batches of outcomes for the same subscriptions then
+# never hold one each while waiting for the other's, as they did, in the order the plan met them, in
+# most drains by two services (bench/scale_out: each deadlock stalled both for deadlock_timeout).
 _HOLD = ('SELECT d.event_id, d.subscription_id FROM delivery AS d JOIN subscription AS s ON s.id = d.subscription_id '
          'WHERE d.event_id IN (:event_ids) AND (d.event_id, d.subscription_id, d.lease_token) IN (VALUES :leases) '
-         'AND s.deleted_at IS NULL FOR UPDATE OF d FOR NO KEY UPDATE OF s')
+         'AND s.deleted_at IS NULL ORDER BY s.id, d.event_id FOR UPDATE OF d FOR NO KEY UPDATE OF s')
 _RESET_STREAKS = ('UPDATE subscription SET consecutive_failures = 0 '
                   'WHERE id IN (:subscription_ids) AND consecutive_failures <> 0')
 _COUNT_FAILURE = ('UPDATE subscription SET consecutive_failures = consecutive_failures + 1 '

@@ -309,8 +309,8 @@ def test_a_delete_committing_while_a_claim_is_under_way_waits_for_it_and_records
 def test_a_key_rotation_never_waits_in_a_cycle_with_a_batch_of_outcomes(database, postgres_url):
     """`flask encryption rotate` re-seals subscriptions in batches, in id order, while the service
     runs; a batch of outcomes (group_commit) locks each attempt's delivery and then its subscription,
-    in the batch's order. Two failures, the higher id's first: the batch holds that subscription and
-    waits for the lower one. A rotation that then held the lower one while it waited for the higher
+    in id order. Were it to hold the higher id's subscription and wait for the lower one (as batches
+    did before they sorted), a rotation that then held the lower one while it waited for the higher
     would close the cycle: it passes over a row another transaction holds, and comes back for it.
 
     The batch queues for the lower subscription's held delivery; the rotation starts, and either
@@ -338,6 +338,43 @@ def test_a_key_rotation_never_waits_in_a_cycle_with_a_batch_of_outcomes(database
     assert errors == []
     assert [outcome.recorded for outcome in recorded] == [True, True] and Failure.select().count() == 2
     assert {subscription.secret_key_id for subscription in Subscription.select()} == {new_key_id}
+
+
+def test_a_batch_of_outcomes_takes_its_subscriptions_lowest_id_first(database, postgres_url):
+    """A batch of outcomes (group_commit) locks its subscriptions in id order, whatever order its
+    statement meets them in: so two services' batches for the same subscriptions never hold one each
+    while waiting for the other's. Before, each took them in the order the plan met them, and in most
+    drains by two services PostgreSQL rolled one back as a deadlock (bench/scale_out), each stalling both
+    services' outcomes for deadlock_timeout.
+
+    Here the statement meets the higher id first (its row is first in the table), and a session of the
+    test's own holds that one: while the batch waits for it, it already holds the lower one."""
+    org = Organization.create(id="org_1", slug="acme", created_at=1)
+    low, high = sorted((create_subscription(org.id, "https://x.example/", None, 1) for _ in range(2)),
+                       key=lambda subscription: subscription.id)
+    Subscription.update(description="after").where(Subscription.id == low.id).execute()  # its row after high's
+    for subscription in (low, high):
+        enqueue_test_ping(subscription, "KEYID", 1)
+    batch = [Outcome(claim, OK, 2, 7) for claim in claim_due(1, 10, 1000)]
+    holder, watcher = psycopg2.connect(postgres_url), psycopg2.connect(postgres_url)
+    watcher.autocommit = True
+    recorded, errors = [], []
+    try:
+        holder.cursor().execute("SELECT 1 FROM subscription WHERE id = %s FOR NO KEY UPDATE", (high.id,))
+        writer = support.in_thread(connected(lambda: recorded.extend(write_outcomes(batch, RetryPolicy([60], 20)))),
+                                   errors)
+        assert support.eventually(lambda: sessions_waiting(1)(watcher))
+        with pytest.raises(psycopg2.errors.LockNotAvailable), watcher.cursor() as cursor:
+            cursor.execute("SELECT 1 FROM subscription WHERE id = %s FOR NO KEY UPDATE NOWAIT", (low.id,))
+        holder.commit()
+        writer.join(10)
+    finally:
+        holder.close()
+        watcher.close()
+    assert errors == [] and [outcome.recorded for outcome in recorded] == [True, True]
+
+
+OK = AttemptResult(True, 200, None, "", 5)
 
 
 def test_a_ping_racing_a_delete_and_its_purge_is_404_not_500(client, auth, subscribe, postgres_url):
