@@ -7,7 +7,9 @@ if it was answered at once, as bench/dns_isolation.py does), and a publisher sen
 events from each of PUBLISHERS threads every second (POST /internal/v1/events/batch, fanned out to
 a fourth organization's FANOUT subscriptions, which the service delivers meanwhile). A third
 organization calls `GET /api/v1/partner/me` and creates a subscription to a name that answers
-(deleted after it, not timed) in turn, CALL_RATE calls a second for SECONDS: their latencies.
+(deleted after it, not timed) in turn, CALL_RATE calls a second for SECONDS: their latencies. The
+same calls first run alone on the same service, as a control: what the machine gives without the
+holders and the publisher.
 """
 
 import threading
@@ -62,6 +64,7 @@ def main() -> dict:
             fanout, third = Partner(service, keys["fanout"]), Partner(service, keys["third"])
             for n in range(FANOUT):
                 fanout.subscribe(receiver.url(f"/fanout/{n}", f"fanout-{n}.bench.test"))
+            control = third_calls(third, receiver)
             flag.touch()  # the dead names answer no more
             stop, held, published = threading.Event(), [], []
             threads = [thread for org, prefix in (("holder-a", "a"), ("holder-b", "b"))
@@ -91,6 +94,8 @@ def main() -> dict:
         info("third organization's calls not 2xx", sum(count for status, count in measured["statuses"].items()
                                                        if not status.startswith("2")), "calls"),
         info("batches published", published.count(202), "batches"),
+        info("control, alone: GET /me p99", percentile(control["me"], 99), "ms"),
+        info("control, alone: create p99", percentile(control["creates"], 99), "ms"),
     ]
     parameters = {"holders_per_org": HOLDERS, "publishers": PUBLISHERS, "batch": BATCH, "fanout": FANOUT,
                   "calls_per_s": CALL_RATE, "seconds": SECONDS, "third_answers": measured["statuses"],
