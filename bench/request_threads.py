@@ -8,12 +8,13 @@ events from each of PUBLISHERS threads every second (POST /internal/v1/events/ba
 a fourth organization's FANOUT subscriptions, which the service delivers meanwhile). A third
 organization calls `GET /api/v1/partner/me` and creates a subscription to a name that answers
 (deleted after it, not timed) in turn, CALL_RATE calls a second for SECONDS: their latencies. The
-same calls first run alone on the same service, as a control: what the machine gives without the
-holders and the publisher.
+same calls run first alone, then beside the holders only and beside the publisher only, on the same
+service: what the machine gives, and which of the two a tail comes with.
 """
 
 import threading
 import time
+from contextlib import contextmanager
 
 from dns_isolation import counted, hold_dead_creates, timed_subscribe
 from harness import REPO, Partner, Receiver, Service, below, info, percentile, pick, report, workdir
@@ -22,7 +23,7 @@ from publish import Publisher, events, platform
 HOLDERS = 8  # per organization: twice the per-organization bound on lookups waiting for creates
 PUBLISHERS, BATCH, FANOUT = 2, 200, 2
 CALL_RATE = 10  # the third organization's calls per second
-SECONDS = pick(30, 5)
+SECONDS = pick(20, 4)  # per phase
 
 
 def publish_every_second(publisher: Publisher, stop: threading.Event, answers: list[int]) -> None:
@@ -53,6 +54,41 @@ def third_calls(partner: Partner, receiver: Receiver) -> dict:
     return {"me": me, "creates": creates, "statuses": counted(statuses)}
 
 
+class Load:
+    """What runs beside the third organization's calls in a phase: the holders' dead creates, the
+    publisher's batches, or both; every answer's status."""
+
+    def __init__(self, service: Service, keys: dict, credential: str, receiver: Receiver):
+        self.service, self.keys, self.credential, self.receiver = service, keys, credential, receiver
+        self.held, self.published = [], []
+
+    @contextmanager
+    def running(self, holders: bool, publishing: bool):
+        stop, threads, publishers = threading.Event(), [], []
+        if holders:
+            threads += [thread for org, prefix in (("holder-a", "a"), ("holder-b", "b"))
+                        for thread in hold_dead_creates(self.service, self.keys[org], self.receiver, HOLDERS, stop,
+                                                        self.held, prefix)]
+        if publishing:
+            publishers = [Publisher(self.service, self.credential) for _ in range(PUBLISHERS)]
+            for publisher in publishers:
+                threads.append(threading.Thread(target=publish_every_second, args=(publisher, stop, self.published)))
+                threads[-1].start()
+        time.sleep(0.5 if threads else 0)  # every holder's first create is under way
+        try:
+            yield
+        finally:
+            stop.set()
+            for thread in threads:
+                thread.join()
+            for publisher in publishers:
+                publisher.session.close()
+
+
+PHASES = {"alone": (False, False), "beside the holders": (True, False), "beside the publisher": (False, True),
+          "beside both": (True, True)}
+
+
 def main() -> dict:
     with workdir("threads") as tmp, Receiver() as receiver:
         flag = tmp / "dns-dead"
@@ -64,42 +100,35 @@ def main() -> dict:
             fanout, third = Partner(service, keys["fanout"]), Partner(service, keys["third"])
             for n in range(FANOUT):
                 fanout.subscribe(receiver.url(f"/fanout/{n}", f"fanout-{n}.bench.test"))
-            control = third_calls(third, receiver)
             flag.touch()  # the dead names answer no more
-            stop, held, published = threading.Event(), [], []
-            threads = [thread for org, prefix in (("holder-a", "a"), ("holder-b", "b"))
-                       for thread in hold_dead_creates(service, keys[org], receiver, HOLDERS, stop, held, prefix)]
-            publishers = [Publisher(service, credential) for _ in range(PUBLISHERS)]
-            threads += [threading.Thread(target=publish_every_second, args=(publisher, stop, published))
-                        for publisher in publishers]
-            for thread in threads[-PUBLISHERS:]:
-                thread.start()
-            time.sleep(0.5)  # every holder's first create is under way
-            try:
-                measured = third_calls(third, receiver)
-            finally:
-                stop.set()
-                for thread in threads:
-                    thread.join()
-            for partner in (fanout, third, *publishers):
-                partner.session.close()
-    me, creates = measured["me"], measured["creates"]
+            load, measured = Load(service, keys, credential, receiver), {}
+            for phase, (holders, publishing) in PHASES.items():
+                with load.running(holders, publishing):
+                    measured[phase] = third_calls(third, receiver)
+            fanout.close()
+            third.close()
+    both = measured["beside both"]
     figures = [
-        below("third organization's GET /me p99", percentile(me, 99), "ms", 100),
-        info("third organization's GET /me p50", percentile(me, 50), "ms"),
-        info("third organization's GET /me max", max(me), "ms"),
-        below("third organization's create (name answers) p99", percentile(creates, 99), "ms", 100),
-        info("third organization's create (name answers) p50", percentile(creates, 50), "ms"),
-        info("third organization's create (name answers) max", max(creates), "ms"),
-        info("third organization's calls not 2xx", sum(count for status, count in measured["statuses"].items()
+        below("third organization's GET /me p99 beside both", percentile(both["me"], 99), "ms", 100),
+        info("third organization's GET /me p50 beside both", percentile(both["me"], 50), "ms"),
+        info("third organization's GET /me max beside both", max(both["me"]), "ms"),
+        below("third organization's create (name answers) p99 beside both", percentile(both["creates"], 99), "ms",
+              100),
+        info("third organization's create (name answers) p50 beside both", percentile(both["creates"], 50), "ms"),
+        info("third organization's create (name answers) max beside both", max(both["creates"]), "ms"),
+    ]
+    for phase in list(PHASES)[:-1]:
+        figures += [info(f"GET /me p99 {phase}", percentile(measured[phase]["me"], 99), "ms"),
+                    info(f"create p99 {phase}", percentile(measured[phase]["creates"], 99), "ms")]
+    figures += [
+        info("third organization's calls not 2xx", sum(count for result in measured.values()
+                                                       for status, count in result["statuses"].items()
                                                        if not status.startswith("2")), "calls"),
-        info("batches published", published.count(202), "batches"),
-        info("control, alone: GET /me p99", percentile(control["me"], 99), "ms"),
-        info("control, alone: create p99", percentile(control["creates"], 99), "ms"),
+        info("batches published", load.published.count(202), "batches"),
     ]
     parameters = {"holders_per_org": HOLDERS, "publishers": PUBLISHERS, "batch": BATCH, "fanout": FANOUT,
-                  "calls_per_s": CALL_RATE, "seconds": SECONDS, "third_answers": measured["statuses"],
-                  "holders_answers": counted(held), "publish_answers": counted(published)}
+                  "calls_per_s": CALL_RATE, "seconds_per_phase": SECONDS, "third_answers": both["statuses"],
+                  "holders_answers": counted(load.held), "publish_answers": counted(load.published)}
     return report("request_threads", figures, parameters)
 
 
