@@ -12,6 +12,7 @@ same calls run first alone, then beside the holders only and beside the publishe
 service: what the machine gives, and which of the two a tail comes with.
 """
 
+import re
 import threading
 import time
 from contextlib import contextmanager
@@ -24,6 +25,7 @@ HOLDERS = 8  # per organization: twice the per-organization bound on lookups wai
 PUBLISHERS, BATCH, FANOUT = 2, 200, 2
 CALL_RATE = 10  # the third organization's calls per second
 SECONDS = pick(20, 4)  # per phase
+ACCESS_TAIL = re.compile(r" (\d+)ms (\S+)$")  # the end of an access line: its milliseconds and X-Request-Id
 
 
 def publish_every_second(publisher: Publisher, stop: threading.Event, answers: list[int]) -> None:
@@ -36,22 +38,35 @@ def publish_every_second(publisher: Publisher, stop: threading.Event, answers: l
 
 
 def third_calls(partner: Partner, receiver: Receiver) -> dict:
-    """GET /me and a create to a name that answers, in turn, at CALL_RATE for SECONDS."""
+    """GET /me and a create to a name that answers, in turn, at CALL_RATE for SECONDS: each call's
+    milliseconds and its X-Request-Id."""
     me, creates, statuses = [], [], []
     started = time.monotonic()
     for n in range(CALL_RATE * SECONDS):
         time.sleep(max(0.0, started + n / CALL_RATE - time.monotonic()))
         if n % 2:
             elapsed, response = timed_subscribe(partner, receiver.url(f"/ok/{n}", f"t-{n}.bench.test"))
-            creates.append(elapsed)
+            creates.append((elapsed, response.headers.get("X-Request-Id")))
             if response.status_code == 201:
                 partner.delete(response.json())  # under the cap of 100 subscriptions
         else:
             called = time.monotonic()
             response = partner.session.get(f"{partner.base}/me", timeout=30)
-            me.append((time.monotonic() - called) * 1000)
+            me.append(((time.monotonic() - called) * 1000, response.headers.get("X-Request-Id")))
         statuses.append(response.status_code)
     return {"me": me, "creates": creates, "statuses": counted(statuses)}
+
+
+def handled_ms(service: Service) -> dict[str, float]:
+    """Each request's milliseconds in a request thread, from the access log (gunicorn's %(M)s, counted
+    from when a thread took the request up), by its X-Request-Id."""
+    lines = (service.workdir / f"{service.name}.out").read_text(errors="replace").splitlines()
+    return {match[2]: float(match[1]) for line in lines if (match := ACCESS_TAIL.search(line))}
+
+
+def waits_outside(calls: list[tuple[float, str]], handled: dict[str, float]) -> list[float]:
+    """What each call waited beyond its time in a thread: for a thread, and on the way in and out."""
+    return [elapsed - handled[request_id] for elapsed, request_id in calls if request_id in handled]
 
 
 class Load:
@@ -107,6 +122,10 @@ def main() -> dict:
                     measured[phase] = third_calls(third, receiver)
             fanout.close()
             third.close()
+        handled = handled_ms(service)
+    for result in measured.values():
+        result["outside"] = waits_outside(result["me"] + result["creates"], handled)
+        result["me"], result["creates"] = [[ms for ms, _ in result[kind]] for kind in ("me", "creates")]
     both = measured["beside both"]
     figures = [
         below("third organization's GET /me p99 beside both", percentile(both["me"], 99), "ms", 100),
@@ -120,6 +139,11 @@ def main() -> dict:
     for phase in list(PHASES)[:-1]:
         figures += [info(f"GET /me p99 {phase}", percentile(measured[phase]["me"], 99), "ms"),
                     info(f"create p99 {phase}", percentile(measured[phase]["creates"], 99), "ms")]
+    for phase, result in measured.items():
+        figures += [info(f"waited outside a request thread, p99, {phase}", percentile(result["outside"], 99), "ms"),
+                    info(f"waited outside a request thread, max, {phase}", max(result["outside"]), "ms")]
+    figures.append(info("of the calls found in the access log", sum(len(r["outside"]) for r in measured.values()),
+                        "calls"))
     figures += [
         info("third organization's calls not 2xx", sum(count for result in measured.values()
                                                        for status, count in result["statuses"].items()
