@@ -35,26 +35,35 @@ def timed_subscribe(partner: Partner, url: str) -> tuple[float, requests.Respons
     return (time.monotonic() - started) * 1000, response
 
 
-def beside_dead_creates(service: Service, receiver: Receiver) -> dict:
-    """OTHER_CREATES creates and pings by one organization while another keeps CREATES_IN_FLIGHT
-    creates in flight at names that never answer."""
-    attacker_key, stop, attacker_answers = service.create_key("attacker"), threading.Event(), []
-    partner = Partner(service, service.create_key("other"))
-
+def hold_dead_creates(service: Service, key: str, receiver: Receiver, threads: int, stop: threading.Event,
+                      answers: list[int], prefix: str = "a") -> list[threading.Thread]:
+    """`threads` threads of the key's organization, each keeping one create in flight at a name of its
+    own that never answers, until `stop`: every answer's status in `answers`; the threads, started."""
     def keep_creating(n: int) -> None:
-        attacker = Partner(service, attacker_key)
+        creator = Partner(service, key)
         try:
             while not stop.is_set():
-                elapsed, response = timed_subscribe(attacker, receiver.url(f"/a/{n}", f"a{n}.dead.bench.test"))
-                attacker_answers.append(response.status_code)
+                url = receiver.url(f"/{prefix}/{n}", f"{prefix}{n}.dead.bench.test")
+                elapsed, response = timed_subscribe(creator, url)
+                answers.append(response.status_code)
                 if elapsed < 1000 * REFUSED_PAUSE:
                     stop.wait(REFUSED_PAUSE)
         finally:
-            attacker.close()
+            creator.close()
 
-    threads = [threading.Thread(target=keep_creating, args=(n,)) for n in range(CREATES_IN_FLIGHT)]
-    for thread in threads:
+    started = [threading.Thread(target=keep_creating, args=(n,)) for n in range(threads)]
+    for thread in started:
         thread.start()
+    return started
+
+
+def beside_dead_creates(service: Service, receiver: Receiver) -> dict:
+    """OTHER_CREATES creates and pings by one organization while another keeps CREATES_IN_FLIGHT
+    creates in flight at names that never answer."""
+    stop, attacker_answers = threading.Event(), []
+    partner = Partner(service, service.create_key("other"))
+    threads = hold_dead_creates(service, service.create_key("attacker"), receiver, CREATES_IN_FLIGHT, stop,
+                                attacker_answers)
     time.sleep(0.5)  # every attacker create is under way
     creates, statuses, events = [], [], []
     try:
@@ -71,10 +80,10 @@ def beside_dead_creates(service: Service, receiver: Receiver) -> dict:
             thread.join()
         partner.close()
     return {"creates": creates, "refused": len(statuses) - statuses.count(201), "missing": missing,
-            "statuses": _counted(statuses), "attacker_statuses": _counted(attacker_answers)}
+            "statuses": counted(statuses), "attacker_statuses": counted(attacker_answers)}
 
 
-def _counted(statuses: list[int]) -> dict[str, int]:
+def counted(statuses: list[int]) -> dict[str, int]:
     return {str(status): statuses.count(status) for status in sorted(set(statuses))}
 
 

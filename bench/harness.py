@@ -79,8 +79,9 @@ class Service:
     picked up), on a free port, with its own SQLite file in `workdir`."""
 
     def __init__(self, workdir: Path, env: dict | None = None, app: str = "wsgi:app",
-                 name: str = "service", database: Path | None = None):
+                 name: str = "service", database: Path | None = None, launcher: tuple[str, ...] = ()):
         self.workdir = Path(workdir)
+        self.launcher = launcher  # a command gunicorn runs under, e.g. prlimit's
         self.name = name
         self.app = app
         self.port = free_port()
@@ -120,7 +121,7 @@ class Service:
         self.log_out = open(self.workdir / f"{self.name}.out", "ab")
         self.log_err = open(self.workdir / f"{self.name}.err", "ab")
         self.log_err_start = self.log_err.tell()  # the name's earlier runs wrote before it
-        self.process = subprocess.Popen([str(BIN / "gunicorn"), "--no-control-socket", self.app],
+        self.process = subprocess.Popen([*self.launcher, str(BIN / "gunicorn"), "--no-control-socket", self.app],
                                         cwd=SERVICE_ROOT, env=self.env, stdout=self.log_out,
                                         stderr=self.log_err, start_new_session=True)
         if wait:
@@ -370,6 +371,11 @@ class Partner:
         if response.status_code != 202:
             self.fail("POST /webhooks/{id}/test", response)
         return response.json()["id"]
+
+    def delete(self, subscription: dict) -> None:
+        response = self.session.delete(f"{self.base}/webhooks/{subscription['id']}", timeout=30)
+        if response.status_code != 204:
+            self.fail("DELETE /webhooks/{id}", response)
 
     def failures(self, subscription: dict) -> list[dict]:
         """The newest page of the subscription's failure records."""

@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import ssl
 import threading
 
@@ -13,7 +14,7 @@ from partner.keys import create_key
 from partner.publishers import create_publisher
 from models import db
 from partner import sealing
-from partner.store.connection import SQLITE_PRAGMAS
+from partner.store.connection import SQLITE_PRAGMAS, sqlite_file
 from tests.contract import ContractClient
 from tests.receivers import KeepAlivePorts, RawServer, Receiver
 from tests.support import (ENCRYPTION_KEYS, EVENTS, LEAD_SCHEMA, started_app, PUBLIC_IP, WEBHOOKS, FakeClock,
@@ -106,8 +107,21 @@ def config(request, database_url, clock, resolver):
             "RESOLVER": resolver, "SCHEDULER_ENABLED": False, **(marker.kwargs if marker else {})}
 
 
+@pytest.fixture(scope="session")
+def migrated_sqlite(tmp_path_factory) -> str:
+    """A SQLite file migrated once for the session: a test's app starts on a copy of it, since
+    migrating takes half of building an app. test_migrations migrates from nothing itself."""
+    path = tmp_path_factory.mktemp("migrated") / "partner.sqlite3"
+    started_app({"DATABASE_URL": f"sqlite:///{path}", "SCHEDULER_ENABLED": False})
+    return str(path)
+
+
 @pytest.fixture
-def app(config):
+def app(config, migrated_sqlite):
+    path = sqlite_file(config["DATABASE_URL"])
+    if path and not os.path.exists(path):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        shutil.copyfile(migrated_sqlite, path)
     app = started_app(config)
     app.test_client_class = ContractClient  # every response is checked against openapi.yaml
     return app

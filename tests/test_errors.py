@@ -86,7 +86,7 @@ def test_a_lone_surrogate_is_invalid_json(client, auth, data):
 def test_a_body_no_server_can_read_is_400_under_any_wsgi_server(app, auth):
     """Not only under gunicorn: Werkzeug's own server fails a malformed chunk in its own way."""
     server = make_server("127.0.0.1", 0, app, threaded=True)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, args=(0.01,), daemon=True).start()
     try:
         status, headers, body = raw_exchange(server.server_port, (
             f"POST {WEBHOOKS} HTTP/1.1\r\nHost: x\r\nAuthorization: {auth['Authorization']}\r\n"

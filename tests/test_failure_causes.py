@@ -43,30 +43,42 @@ def expired_tls(tls_ca) -> ssl.SSLContext:
     return context
 
 
+ORGANIZATION = {"refused": "acme", "reset": "acme", "redirect": "acme", "hang": "globex", "expired": "globex"}
+
+
 @pytest.fixture
-def failed(client, auth, issue_key, start_receiver, serve_raw, expired_tls, resolver, app, clock):
-    """Five subscriptions of two organizations, each pinged once, a second apart, and its one attempt
-    failed: {cause: (subscription, event id, the partner's auth header)}."""
-    other = bearer(issue_key(org="globex"))
-    redirecting = start_receiver(script=[302])
-    redirecting.redirect_to = "https://hooks.partner.example/moved?token=s3cret"
+def fail(client, issue_key, start_receiver, serve_raw, expired_tls, resolver, app, clock):
+    """fail(*causes): a subscription per cause, of its ORGANIZATION, each pinged once, a second apart, and its
+    one attempt failed: {cause: (subscription, event id, the partner's auth header)}. A test asks only for
+    the causes it reads: the hang waits out the deadline."""
+    headers = {org: bearer(issue_key(org=org)) for org in set(ORGANIZATION.values())}
     resolver.answers[TLS_HOST] = ["127.0.0.1"]
-    targets = {
-        "refused": (f"http://127.0.0.1:{free_port()}/hook", auth),
-        "reset": (serve_raw(reset).url, auth),
-        "redirect": (redirecting.url, auth),
-        "hang": (serve_raw(lambda conn, server: server.stopped.wait()).url, other),
-        "expired": (start_receiver(tls=expired_tls).url_for(TLS_HOST), other),
+
+    def redirecting() -> str:
+        receiver = start_receiver(script=[302])
+        receiver.redirect_to = "https://hooks.partner.example/moved?token=s3cret"
+        return receiver.url
+
+    urls = {
+        "refused": lambda: f"http://127.0.0.1:{free_port()}/hook",
+        "reset": lambda: serve_raw(reset).url,
+        "redirect": redirecting,
+        "hang": lambda: serve_raw(lambda conn, server: server.stopped.wait()).url,
+        "expired": lambda: start_receiver(tls=expired_tls).url_for(TLS_HOST),
     }
-    made = {}
-    for cause, (url, headers) in targets.items():
-        subscription = json_of(client.post(WEBHOOKS, json={"url": url}, headers=headers), 201)
-        event = json_of(client.post(f"{WEBHOOKS}/{subscription['id']}/test",
-                                    json={"secret": subscription["secret"]}, headers=headers), 202)
-        made[cause] = (subscription, event["id"], headers)
-        clock.advance(1)
-    assert app.extensions["delivery"].run_due() == 5
-    return made
+
+    def fail(*causes) -> dict:
+        made = {}
+        for cause in causes:
+            auth = headers[ORGANIZATION[cause]]
+            subscription = json_of(client.post(WEBHOOKS, json={"url": urls[cause]()}, headers=auth), 201)
+            event = json_of(client.post(f"{WEBHOOKS}/{subscription['id']}/test",
+                                        json={"secret": subscription["secret"]}, headers=auth), 202)
+            made[cause] = (subscription, event["id"], auth)
+            clock.advance(1)
+        assert app.extensions["delivery"].run_due() == len(causes)
+        return made
+    return fail
 
 
 CAUSES = {  # cause: (error, the words of error_detail)
@@ -79,8 +91,8 @@ CAUSES = {  # cause: (error, the words of error_detail)
 
 
 @pytest.mark.parametrize("cause", CAUSES)
-def test_the_partners_failures_audit_names_the_cause(client, failed, cause):
-    subscription, event_id, headers = failed[cause]
+def test_the_partners_failures_audit_names_the_cause(client, fail, cause):
+    subscription, event_id, headers = fail(cause)[cause]
     [record] = json_of(client.get(f"{WEBHOOKS}/{subscription['id']}/failures", headers=headers), 200)["data"]
     error, words = CAUSES[cause]
     assert (record["event_id"], record["error"], record["next_attempt_at"]) == (event_id, error, None)
@@ -89,8 +101,8 @@ def test_the_partners_failures_audit_names_the_cause(client, failed, cause):
 
 
 @pytest.mark.parametrize("cause", CAUSES)
-def test_deliveries_show_names_the_cause_and_why_it_ended(client, flask_cli, failed, cause):
-    subscription, event_id, headers = failed[cause]
+def test_deliveries_show_names_the_cause_and_why_it_ended(client, flask_cli, fail, cause):
+    subscription, event_id, headers = fail(cause)[cause]
     [record] = client.get(f"{WEBHOOKS}/{subscription['id']}/failures", headers=headers).get_json()["data"]
     result = flask_cli("deliveries", "show", event_id)
     assert result.exit_code == 0, result.output
@@ -99,7 +111,7 @@ def test_deliveries_show_names_the_cause_and_why_it_ended(client, flask_cli, fai
     assert {name: value.strip() for name, value in fields.items()} == {
         "event": event_id, "kind": "vc.test.ping", "created_at": fields["created_at"].strip(),
         "subscription": f"{subscription['id']} (active)",
-        "organization": "acme" if headers is failed["refused"][2] else "globex",
+        "organization": ORGANIZATION[cause],
         "url": subscription["url"], "state": "dead",
         "ended": "retries exhausted: attempt 1 failed, the last the retry schedule allows"}
     header, row = [line.split("\t") for line in table.splitlines()]
@@ -109,12 +121,13 @@ def test_deliveries_show_names_the_cause_and_why_it_ended(client, flask_cli, fai
     assert row[4:7] == [CAUSES[cause][0], record["error_detail"], str(record["duration_ms"])]
 
 
-def test_deliveries_list_dead_lists_them_across_both_organizations_newest_first(flask_cli, failed, clock):
+def test_deliveries_list_dead_lists_them_across_both_organizations_newest_first(flask_cli, fail):
+    failed = fail(*CAUSES)
     header, *rows = [line.split("\t") for line in flask_cli("deliveries", "list", "--state", "dead").stdout.splitlines()]
     assert header == ["EVENT_ID", "SUBSCRIPTION", "ORG", "KIND", "STATE", "ATTEMPTS", "CREATED_AT",
                       "DUE_OR_FINISHED_AT"]
-    newest_first = [(event_id, subscription["id"], "acme" if headers is failed["refused"][2] else "globex")
-                    for subscription, event_id, headers in reversed(failed.values())]
+    newest_first = [(event_id, subscription["id"], ORGANIZATION[cause])
+                    for cause, (subscription, event_id, _) in reversed(failed.items())]
     assert [tuple(row[:3]) for row in rows] == newest_first
     assert all(row[3:6] == ["vc.test.ping", "dead", "1"] for row in rows)
     globex = flask_cli("deliveries", "list", "--state", "dead", "--org", "globex").stdout.splitlines()[1:]

@@ -461,7 +461,7 @@ def test_an_idle_process_takes_up_a_backlog_another_holds_soon_not_at_the_next_p
     assert [r.headers["X-VC-Event-Id"] for r in receiver.received] == queued[::-1]
 
 
-@pytest.mark.config(SCHEDULER_ENABLED=True, WEBHOOK_ALLOWED_NETWORKS=["127.0.0.0/8"], DELIVERY_POLL_INTERVAL=2)
+@pytest.mark.config(SCHEDULER_ENABLED=True, WEBHOOK_ALLOWED_NETWORKS=["127.0.0.0/8"], DELIVERY_POLL_INTERVAL=1)
 def test_a_process_idle_for_a_while_takes_up_a_backlog_another_holds_soon_after(dispatcher, clock, organization,
                                                                                receiver):
     """While nothing is due an idle process waits for the poll, and its next wait behind another
@@ -469,7 +469,7 @@ def test_a_process_idle_for_a_while_takes_up_a_backlog_another_holds_soon_after(
     [subscription] = subscriptions(organization("acme"), 1, receiver.url)
     scans = counting_scans(dispatcher)
     dispatcher.start()
-    time.sleep(3)  # the scenario, not a wait: idle past a poll, where a rescan's wait grew to the poll's 2 s
+    time.sleep(1.5)  # the scenario, not a wait: idle past a poll, where a rescan's wait grew to the poll's 1 s
     queued = [enqueue_ping(subscription, NOW) for _ in range(2)]
     assert claim_elsewhere(NOW, 1) == 1  # the first, under its lease
     idle_scans = len(scans)
@@ -477,7 +477,7 @@ def test_a_process_idle_for_a_while_takes_up_a_backlog_another_holds_soon_after(
     assert eventually(lambda: len(scans) > idle_scans)
     assert receiver.received == []
     clock.advance(LEASE / 1000)  # that attempt's lease ends
-    assert receiver.wait_for(2, seconds=1.5)  # soon, not at a wait grown to the poll (2 s)
+    assert receiver.wait_for(2, seconds=0.75)  # soon, not at a wait grown to the poll (1 s)
     assert [r.headers["X-VC-Event-Id"] for r in receiver.received] == queued[::-1]
 
 

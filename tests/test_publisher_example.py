@@ -34,7 +34,8 @@ def scripted():
             def log_message(self, *args):
                 pass
         server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
+        # shutdown() waits out one poll: 0.5 s by default, per test
+        threading.Thread(target=server.serve_forever, args=(0.01,), daemon=True).start()
         servers.append(server)
         return f"http://127.0.0.1:{server.server_port}"
     start.seen = seen
