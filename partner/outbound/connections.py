@@ -37,7 +37,6 @@ from partner.outbound.sockets import IdleQueue, Sockets, SocketsBusy
 
 MAX_TARGETS = 64  # pools kept per process, one per partner address
 _OUT_OF_DESCRIPTORS = (errno.EMFILE, errno.ENFILE)
-_CORK = getattr(socket, "TCP_CORK", None)  # Linux; elsewhere each write leaves at once
 
 
 class Deadline(Protocol):
@@ -96,8 +95,6 @@ def _arm(sock: socket.socket) -> None:
 
 
 class _DeadlineSocketMixin:
-    corked = False
-
     def recv(self, *args: Any, **kwargs: Any) -> Any:
         self._before_recv()
         return super().recv(*args, **kwargs)  # type: ignore[misc]
@@ -114,21 +111,13 @@ class _DeadlineSocketMixin:
         self._before_send()  # a plain socket's sendall treats its timeout as a total
         return super().sendall(*args, **kwargs)  # type: ignore[misc]
 
-    # urllib3 sends a request's head and body in two writes (http.client joins them): corked, they
-    # leave in one segment, and the partner wakes once per request instead of twice.
     def _before_send(self) -> None:
         _arm(self)  # type: ignore[arg-type]
         attempt.phase = "request"
-        if _CORK is not None and not self.corked:
-            self.setsockopt(socket.IPPROTO_TCP, _CORK, 1)  # type: ignore[attr-defined]
-            self.corked = True
 
     def _before_recv(self) -> None:
         _arm(self)  # type: ignore[arg-type]
         attempt.phase = "response head"
-        if self.corked:
-            self.setsockopt(socket.IPPROTO_TCP, _CORK, 0)  # type: ignore[attr-defined]  # sends what is held
-            self.corked = False
 
 
 class _DeadlineSocket(_DeadlineSocketMixin, socket.socket):
