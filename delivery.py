@@ -6,7 +6,7 @@ on import or in create_app: gunicorn's post_worker_init hook calls `start()`.
 
 Dead endpoints must not starve healthy ones. An attempt to an endpoint that hangs holds its slot
 until the deadline, and before its first timeout nothing tells it from a slow healthy one. So the
-pool is large (DELIVERY_CONCURRENCY, default 64: a thread waiting on a socket costs little), a
+pool is large (DELIVERY_CONCURRENCY, default 256: a thread waiting on a socket costs little), a
 subscription's attempts in flight are held to its limit (partner/concurrency.py: 1 until its
 receiver answers, and narrowed by every timeout), and subscriptions whose last attempt failed may
 hold at most half of the slots together: however many endpoints are dead, once they have failed

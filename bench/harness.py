@@ -79,9 +79,11 @@ class Service:
     picked up), on a free port, with its own SQLite file in `workdir`."""
 
     def __init__(self, workdir: Path, env: dict | None = None, app: str = "wsgi:app",
-                 name: str = "service", database: Path | None = None, launcher: tuple[str, ...] = ()):
+                 name: str = "service", database: Path | None = None, launcher: tuple[str, ...] = (),
+                 root: Path | None = None):
         self.workdir = Path(workdir)
         self.launcher = launcher  # a command gunicorn runs under, e.g. prlimit's
+        self.root = root or SERVICE_ROOT  # the tree served: another to compare two side by side
         self.name = name
         self.app = app
         self.port = free_port()
@@ -98,7 +100,7 @@ class Service:
 
     def flask(self, *args: str) -> str:
         """Run an operator command (`flask ...`) against this service's database; its stdout."""
-        result = subprocess.run([str(BIN / "flask"), *args], cwd=SERVICE_ROOT, env=self.env,
+        result = subprocess.run([str(BIN / "flask"), *args], cwd=self.root, env=self.env,
                                 capture_output=True, text=True, timeout=60)
         if result.returncode != 0:
             raise RuntimeError(f"flask {' '.join(args[:2])} failed: {result.stderr}")
@@ -108,7 +110,7 @@ class Service:
                    rate_limit: int = BIG_RATE_LIMIT) -> str:
         """`flask keys create`; the full key is the last line of stdout. Before the service's first
         start, the database is made as that start would (a command never makes one)."""
-        subprocess.run([sys.executable, "-c", MAKE_DATABASE, self.env["PARTNER_DATABASE_URL"]], cwd=SERVICE_ROOT,
+        subprocess.run([sys.executable, "-c", MAKE_DATABASE, self.env["PARTNER_DATABASE_URL"]], cwd=self.root,
                        env=self.env, check=True, timeout=120)
         args = ["keys", "create", "--org", org, "--rate-limit", str(rate_limit)]
         for scope in scopes:
@@ -122,7 +124,7 @@ class Service:
         self.log_err = open(self.workdir / f"{self.name}.err", "ab")
         self.log_err_start = self.log_err.tell()  # the name's earlier runs wrote before it
         self.process = subprocess.Popen([*self.launcher, str(BIN / "gunicorn"), "--no-control-socket", self.app],
-                                        cwd=SERVICE_ROOT, env=self.env, stdout=self.log_out,
+                                        cwd=self.root, env=self.env, stdout=self.log_out,
                                         stderr=self.log_err, start_new_session=True)
         if wait:
             self.wait_until_serving()
@@ -414,7 +416,7 @@ def ping_many(service: Service, key: str, subscriptions: list[dict], count: int,
 
 
 def queue_backlog(tmp: Path, receiver: "Receiver", subscriptions: int, events: int, env: dict | None = None,
-                  database: Path | None = None) -> tuple[Path, float]:
+                  database: Path | None = None, path: str = "/ok") -> tuple[Path, float]:
     """`events` due test pings over `subscriptions` subscriptions to `receiver`, queued through the
     API with the scanner off, in `database` (or the PARTNER_DATABASE_URL in `env`): the SQLite
     file, and the seconds the pings took to queue."""
@@ -422,7 +424,7 @@ def queue_backlog(tmp: Path, receiver: "Receiver", subscriptions: int, events: i
     key = quiet.create_key()
     with quiet:
         partner = Partner(quiet, key)
-        hooks = [partner.subscribe(receiver.url(f"/ok/{n}")) for n in range(subscriptions)]
+        hooks = [partner.subscribe(receiver.url(f"{path}/{n}")) for n in range(subscriptions)]
         partner.close()
         return quiet.database, ping_many(quiet, key, hooks, events)
 
@@ -649,7 +651,8 @@ def report(bench: str, figures: list[Figure], parameters: dict, details: dict | 
 def profiled(service: Service, name: str):
     """With BENCH_PROFILE=1 (all running threads) or BENCH_PROFILE=gil (only the thread holding the
     GIL: where the CPU goes) and py-spy installed (`.venv/bin/pip install py-spy`), sample the worker
-    while the block runs into bench/results/<name>.folded (collapsed stacks, for speedscope)."""
+    while the block runs into bench/results/<name>.folded (collapsed stacks, for speedscope). Without
+    pausing it (--nonblocking): paused at each sample, a worker spent twice the CPU per delivery."""
     mode = os.environ.get("BENCH_PROFILE")
     spy = shutil.which("py-spy") or (str(BIN / "py-spy") if (BIN / "py-spy").exists() else None)
     if mode not in ("1", "gil") or not spy:
@@ -658,7 +661,7 @@ def profiled(service: Service, name: str):
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     output = RESULTS_DIR / f"{name}.folded"
     args = [spy, "record", "--pid", str(service.worker_pid()), "--rate", "250", "--format", "raw",
-            "--threads", "-o", str(output)] + (["--gil"] if mode == "gil" else [])
+            "--threads", "--nonblocking", "-o", str(output)] + (["--gil"] if mode == "gil" else [])
     process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         yield

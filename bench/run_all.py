@@ -13,9 +13,9 @@ from datetime import datetime, timezone
 from harness import BENCH_DIR, QUICK, RESULTS_DIR, fmt, machine, table, wait_or_kill
 from soak import MINUTES as SOAK_MINUTES
 
-BENCHES = ["api_overhead", "ping_latency", "delivery_throughput", "isolation", "dns_isolation", "fairness",
-           "descriptor_attack", "request_threads",
-           "concurrency", "scale_out", "data_costs", "ops_hammer", "state_scale", "memory", "publish", "soak"]
+BENCHES = ["api_overhead", "ping_latency", "delivery_throughput", "engine_cpu", "isolation", "dns_isolation",
+           "fairness", "descriptor_attack", "request_threads", "concurrency", "scale_out", "data_costs", "ops_hammer",
+           "state_scale", "memory", "publish", "soak"]
 TIME_LIMIT = 60 if QUICK else 600  # seconds per bench, beyond the soak's own duration
 
 

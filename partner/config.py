@@ -24,7 +24,10 @@ DEFAULTS = {
     "DELIVERY_POLL_INTERVAL": 2,
     # Many slots, because an attempt to a hanging endpoint holds one until the deadline; subscriptions
     # whose last attempt failed may hold only half of them (delivery.py): the rest stay for healthy ones.
-    "DELIVERY_CONCURRENCY": 64,
+    # And a slot is held for the receiver's whole answer time: at 64, receivers answering in 200 ms
+    # drained at most 320 a second; 256 (bench/engine_cpu, docs/performance.md) keeps the attempts in
+    # flight, at most twice this, inside the descriptor budget systemd's default limit leaves (512).
+    "DELIVERY_CONCURRENCY": 256,
     # The most attempts in flight to one subscription, in every process; each adapts between 1 and this
     # to its receiver (partner/concurrency.py).
     "DELIVERY_MAX_PER_SUBSCRIPTION": 16,
