@@ -6,7 +6,8 @@ on import or in create_app: gunicorn's post_worker_init hook calls `start()`.
 
 Dead endpoints must not starve healthy ones. An attempt to an endpoint that hangs holds its slot
 until the deadline, and before its first timeout nothing tells it from a slow healthy one. So the
-pool is large (DELIVERY_CONCURRENCY, default 256: a thread waiting on a socket costs little), a
+pool is large (DELIVERY_CONCURRENCY slots, default 256, and as many threads again for organizations
+below their share: partner/queue.py; a thread waiting on a socket costs little), a
 subscription's attempts in flight are held to its limit (partner/concurrency.py: 1 until its
 receiver answers, and narrowed by every timeout), and subscriptions whose last attempt failed may
 hold at most half of the slots together: however many endpoints are dead, once they have failed
@@ -22,7 +23,7 @@ from partner import retention
 from partner.claims import Claim, any_due, next_due_at
 from partner.courier import Courier
 from partner.jobs import SCAN_JOB, Jobs
-from partner.outbox import claim_due
+from partner.outbox import claim_due, put_off
 from partner.store.availability import database_failed, database_outage, describe, is_unavailable
 from partner.store.connection import db
 from partner.store.sql import probe_write
@@ -184,9 +185,23 @@ class Dispatcher:
 
     def _start(self, claims: list[Claim]) -> int:
         """Submit each claim to the pool (which stop() shuts down only once their slots are free)."""
-        for claim in claims:
-            self._pool.submit(self._run_in_slot, claim)
+        for started, claim in enumerate(claims):
+            try:
+                self._pool.submit(self._run_in_slot, claim)
+            except RuntimeError as error:  # no thread could start: the process's own limit, not a partner's
+                self._give_back(claims[started:], error)
+                return started
         return len(claims)
+
+    def _give_back(self, claims: list[Claim], error: Exception) -> None:
+        """Claims no thread could take: due again now, no attempt counted, and their slots free."""
+        log.warning("delivery of %d claimed deliveries not attempted (%s): due again now", len(claims), error)
+        try:
+            with db.connection_context():
+                for claim in claims:
+                    put_off(claim, now_ms(self.clock))
+        finally:
+            self._release_slots(len(claims), sum(c.failing for c in claims))
 
     def run_due(self) -> int:
         """Claim and attempt every due delivery in this thread, one at a time; for tests and tools."""
@@ -218,10 +233,11 @@ class Dispatcher:
                 log.exception("delivery attempt crashed: event=%s", claim.event_id)
         finally:
             self._release_slots(1, int(claim.failing))
-        # Spare slots refill in batches; the threads beyond them wait for a wake (another organization's
-        # event) or a poll, or a single org at its share would claim again at every attempt's end.
+        # Spare slots refill in batches. While attempts run beyond the slots (an organization below its
+        # share on the threads beyond them), each end claims again, or that organization's next
+        # deliveries would wait for a poll. An organization alone never goes beyond the slots.
         spare = self._free_slots - (self.threads - self.concurrency)
-        if (spare >= self.refill_at or self._queued.is_set()) and not self._stopping.is_set():
+        if (spare >= self.refill_at or spare <= 0 or self._queued.is_set()) and not self._stopping.is_set():
             try:
                 self.scan()
             except Exception:  # on a pool thread: raised, it would vanish into a Future nobody reads

@@ -24,14 +24,16 @@ ends right:
   subscriptions._DROP_LEASES ran before the take committed and could not see it;
 - recording holds it first: the outcome commits before the delete does, which then finds no attempt.
 Deadlocks: the take waits for nothing (SKIP LOCKED, and only a try at each subscription's turn:
-queue.TAKE_TURN); recording, the delete and an auto-disable (part of recording) take the delivery before
-the subscription, and a recording of several subscriptions takes them in id order (outcomes._HOLD);
-`flask encryption rotate` passes over held rows. Two rare cycles remain, and PostgreSQL ends each by
-rolling one side back, which is made again (the scan, the request, or the operator's command, which
-says so): a claim settling a delivery it will not attempt (_attemptable) writes as recording does
-while it holds the subscription; and a replay takes the subscription first, then dead letters, one
-of which may be an attempt still under way when an auto-disable dead-lettered it (it keeps its
-lease), held by its recording.
+queue.TAKE_TURN); recording and the delete take the delivery before the subscription, and a recording
+of several subscriptions takes them in id order (outcomes._HOLD); `flask encryption rotate` passes
+over held rows. Three rare cycles remain, and PostgreSQL ends each by rolling one side back, which
+is made again (the scan, the request, or the operator's command, which says so): a claim settling a
+delivery it will not attempt (_attemptable) writes as recording does while it holds the
+subscription; an auto-disable, part of a recording that holds the subscription, sweeps its other
+open deliveries, one of which another process's recording may hold while it waits for the
+subscription; and a replay takes the subscription first, then dead letters, one of which may be an
+attempt still under way when an auto-disable dead-lettered it (it keeps its lease), held by its
+recording.
 """
 
 import logging
