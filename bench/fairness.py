@@ -7,7 +7,8 @@ time from B's POST to the arrival, and how many of B's pings had not arrived 10 
 
 Slow holders: organization A has 4 subscriptions to a partner that answers 200 after 9 s, each at
 its most attempts in flight (`flask webhooks set-concurrency ID 16`: 4 × 16 = every one of the 64
-slots), and pings them 8 times a second, enough to keep them all busy; B pings as above.
+slots of a service run with `PARTNER_DELIVERY_CONCURRENCY=64`), and pings them 8 times a second,
+enough to keep them all busy; B pings as above.
 
 Order: 500 pings to one subscription (answering after 50 ms) pinned to one attempt in flight
 (`flask webhooks set-concurrency ID 1`: strict order), all queued while no scanner runs, then a
@@ -21,10 +22,10 @@ import time
 from harness import (Partner, Receiver, Service, at_most, below, info, percentile, pick, report,
                      workdir)
 
-# Noisy neighbour and slow holders: A's subscriptions, its receiver's answer time, its pings a second
-# and each subscription's pinned limit (None: adaptive).
-NOISY = (100, 3000, 30, None)
-SLOW_HOLDERS = (4, 9000, 8, 16)
+# Noisy neighbour and slow holders: A's subscriptions, its receiver's answer time, its pings a second,
+# each subscription's pinned limit (None: adaptive) and the service's slots (None: the default).
+NOISY = (100, 3000, 30, None, None)
+SLOW_HOLDERS = (4, 9000, 8, 16, 64)
 FLOOD_SECONDS = pick(60, 5)
 B_GRACE_SECONDS = 10  # after B's last ping: what has not arrived by then counts as undelivered
 
@@ -35,8 +36,8 @@ ORDER_RESPONSE_MS = 50
 def noisy_neighbour(tmp, receiver: Receiver, name: str, a: tuple) -> tuple[list[float], int, int]:
     """B's latencies (ms, undelivered ones left out), B's undelivered count, A's pings queued, with A
     as `a` says (NOISY, SLOW_HOLDERS)."""
-    subscriptions, response_ms, per_second, pin = a
-    with Service(tmp, name=name) as service:
+    subscriptions, response_ms, per_second, pin, slots = a
+    with Service(tmp, {"PARTNER_DELIVERY_CONCURRENCY": str(slots)} if slots else None, name=name) as service:
         flooder = Partner(service, service.create_key(org=f"{name}-a"))
         quiet = Partner(service, service.create_key(org=f"{name}-b"))
         a_subscriptions = [flooder.subscribe(receiver.url(f"/slow/{response_ms}/{name}{i}"))
