@@ -139,7 +139,7 @@ class Dispatcher:
             with db.connection_context():
                 if database_outage.active:  # a claim of nothing writes nothing: prove writes commit
                     probe_write()
-                claims = self._claim(reserved, failing, max(0, reserved - (self.threads - self.concurrency)))
+                claims = self._claim(reserved, failing, max(0, self._spare(reserved)))
         except Exception as error:  # noqa: BLE001 - unavailability backs off, the rest re-raised
             self._back_off(error)
             return 0
@@ -236,12 +236,16 @@ class Dispatcher:
         # Spare slots refill in batches. While attempts run beyond the slots (an organization below its
         # share on the threads beyond them), each end claims again, or that organization's next
         # deliveries would wait for a poll. An organization alone never goes beyond the slots.
-        spare = self._free_slots - (self.threads - self.concurrency)
+        spare = self._spare(self._free_slots)
         if (spare >= self.refill_at or spare <= 0 or self._queued.is_set()) and not self._stopping.is_set():
             try:
                 self.scan()
             except Exception:  # on a pool thread: raised, it would vanish into a Future nobody reads
                 log.exception("delivery scan after an attempt failed")
+
+    def _spare(self, free: int) -> int:
+        """Of `free` threads, the slots among them (at most 0 while attempts run beyond the slots)."""
+        return free - (self.threads - self.concurrency)
 
     def _reserve_slots(self) -> tuple[int, int]:
         """Take every free slot, and as many of them as failing subscriptions may still use; none once

@@ -18,7 +18,7 @@ from partner import queue
 from partner.store import postgres
 from partner.store.backup import file_uri
 from partner.store.connection import db
-from partner.store.sql import bind, writer_turn_if_free
+from partner.store.sql import bind, rows_by_name, writer_turn_if_free
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,8 @@ def _read(connection, placeholder: str, statement: str, **params) -> dict:
     """The one row `statement` answers, by column name."""
     cursor = connection.cursor()
     cursor.execute(*bind(statement, params, placeholder))
-    return dict(zip([column[0] for column in cursor.description], cursor.fetchone()))
+    [row] = rows_by_name(cursor)
+    return row
 
 
 def _ms(value) -> int | None:

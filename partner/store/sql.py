@@ -155,7 +155,11 @@ def _split(text: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
 
 def select_rows(template: str, params: Mapping, **parts: str) -> list[dict]:
     """run_sql, with each row read by column name (`AS` names it): rows never read by position."""
-    cursor = run_sql(template, params, **parts)
+    return rows_by_name(run_sql(template, params, **parts))
+
+
+def rows_by_name(cursor) -> list[dict]:
+    """The rows a DB-API cursor answers, each by column name."""
     names = [column[0] for column in cursor.description]
     return [dict(zip(names, row)) for row in cursor.fetchall()]
 
