@@ -47,15 +47,18 @@ Retry-After: a 429 or 503 carrying it is a failed attempt like any other, and al
 subscription's other due deliveries until then (at most MAX_HOLD_MS), without counting them as
 attempts: `paused_until`, which a claim reads as a limit of 0. Attempts already in flight go on.
 
-A failing endpoint is held, not hammered: after any failed attempt the subscription's next attempt
-waits a backoff that doubles with its consecutive failures, from FIRST_BACKOFF_MS to MAX_BACKOFF_MS
-(the same hold as a Retry-After's, the longer of the two). At fan-out volume a receiver down for a
-second would otherwise meet every attempt already queued for it, reach SPEC's 20 consecutive
-failures within that second, be auto-disabled and have everything pending dead-lettered. Held, it
-sees one attempt (a probe) per backoff: 20 failures in a row take about 15 minutes of sustained
-failure. The attempts already in flight when it went down still fail, each counted, which is why
-the first wait is short. Each delivery's own retry time is unchanged; a hold only puts off when the
-next one starts.
+A failing endpoint is held, not hammered: from its second failed attempt in a row, the
+subscription's next attempt waits a backoff that doubles with its consecutive failures, from
+FIRST_BACKOFF_MS to MAX_BACKOFF_MS (the same hold as a Retry-After's, the longer of the two). At
+fan-out volume a receiver down for a second would otherwise meet every attempt already queued for
+it, reach SPEC's 20 consecutive failures within that second, be auto-disabled and have everything
+pending dead-lettered. Held, it sees one attempt (a probe) per backoff: 20 failures in a row take
+about 15 minutes of sustained failure. The attempts already in flight when it went down still
+fail, each counted, which is why the first wait is short. One failure alone holds nothing: a
+single 503 from a receiver at its worker limit is the limit's to answer (it narrows), and holding
+on it cost a limited receiver a quarter of its pace (docs/performance.md); an outage fails several
+attempts in a row, and the second starts the hold. Each delivery's own retry time is unchanged; a
+hold only puts off when the next one starts.
 
 Where it lives: the limit in the subscription's row; the attempts in flight are the live leases
 (the delivery_in_flight index), so every process and host sees the same two numbers, and a claim
@@ -75,8 +78,8 @@ from partner.outbound.transport import AttemptResult
 PROBE_ROUNDS = 8
 # The longest hold a Retry-After gets: a receiver cannot park a subscription's deliveries for longer.
 MAX_HOLD_MS = 60_000
-# A failing subscription's next attempt waits this long after its first failure in a row, twice as
-# long after each further one, at most MAX_BACKOFF_MS.
+# A failing subscription's next attempt waits this long after its second failure in a row, twice as
+# long after each further one, at most MAX_BACKOFF_MS; after one failure alone, not at all.
 FIRST_BACKOFF_MS = 1_000
 MAX_BACKOFF_MS = 60_000
 # Statuses whose Retry-After holds the subscription (RFC 9110: "too many requests", "unavailable").
@@ -147,10 +150,12 @@ def hold_until(result: AttemptResult, finished_at_ms: int) -> int | None:
     return finished_at_ms + min(wait_ms, MAX_HOLD_MS)
 
 
-def backoff_until(consecutive_failures: int, finished_at_ms: int) -> int:
+def backoff_until(consecutive_failures: int, finished_at_ms: int) -> int | None:
     """When a subscription whose attempt just failed, its `consecutive_failures`-th in a row, may be
-    attempted again."""
-    return finished_at_ms + min(MAX_BACKOFF_MS, FIRST_BACKOFF_MS << min(consecutive_failures - 1, 16))
+    attempted again; None: at once (one failure alone)."""
+    if consecutive_failures < 2:
+        return None
+    return finished_at_ms + min(MAX_BACKOFF_MS, FIRST_BACKOFF_MS << min(consecutive_failures - 2, 16))
 
 
 def effective_limit(pin: int | None, limit: int, most: int) -> int:
@@ -180,14 +185,15 @@ def widen(draws_by_subscription: dict[str, list[float]], now_ms: int, most: int)
 
 def push_back(subscription_id: str, state: dict, result: AttemptResult, finished_at_ms: int) -> int | None:
     """After a failed attempt: narrow the subscription's limit (unless pinned) as `result` calls for, and
-    hold it for its backoff, or the Retry-After if longer; until when it is held. `state`: its row's
+    hold it for its backoff, or the Retry-After if longer; until when it is held (None: not held). `state`: its row's
     failure streak (this failure counted) and concurrency columns as the recording read them. Call
     inside the recording's transaction."""
     current = Limit(state["concurrency_limit"], state["concurrency_ceiling"])
     after = narrowed(current) if narrows(result) and state["concurrency_pin"] is None else current
-    held = max(backoff_until(state["consecutive_failures"], finished_at_ms), hold_until(result, finished_at_ms) or 0)
+    held = max(backoff_until(state["consecutive_failures"], finished_at_ms) or 0,
+               hold_until(result, finished_at_ms) or 0) or None
     paused_until = state["paused_until"]
-    if paused_until is None or held > paused_until:
+    if held is not None and (paused_until is None or held > paused_until):
         paused_until = held
     if after != current or paused_until != state["paused_until"]:
         run_sql(_SET_PUSHED_BACK, {"limit": after.limit, "ceiling": after.ceiling, "paused_until": paused_until,

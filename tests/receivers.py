@@ -113,6 +113,16 @@ def late(seconds: float, status: int = 200):
     return step
 
 
+def too_many_after_retry_after(seconds: int):
+    """A step that answers 429 with `Retry-After: seconds`."""
+    def step(handler):
+        handler.send_response(429)
+        handler.send_header("Retry-After", str(seconds))
+        handler.send_header("Content-Length", "0")
+        handler.end_headers()
+    return step
+
+
 def drip(seconds: float, interval: float = 0.1):
     """A step that sends 200 headers, then one body byte every `interval` for `seconds` (or until the
     receiver stops)."""

@@ -23,6 +23,7 @@ from partner.outbox import claim_due
 from partner.outcomes import Outcome, write_outcomes
 from partner.outbound.transport import AttemptResult
 from partner.subscriptions import set_concurrency
+from tests.receivers import too_many_after_retry_after
 from tests.support import allow_in_sqlite, delivery_of, eventually, refuse_in_sqlite, run_together
 from tests.test_fair_claims import LEASE, NOW, POLICY, enqueue_ping, subscriptions
 from tests.test_metrics import scrape, value
@@ -125,8 +126,7 @@ def test_the_limit_widens_while_successes_meet_a_backlog_and_narrows_at_once_on_
     assert len(claims) == 16
     record([(claims[0], TIMED_OUT)] + [(claim, OK) for claim in claims[1:]], now + 200)
     assert limit_of(subscription) == (12, 16)
-    assert claim_due(now + 200, 64, LEASE) == []  # held for its backoff after the failure
-    assert len(claim_due(now + 200 + FIRST_BACKOFF_MS, 64, LEASE)) == 12
+    assert len(claim_due(now + 200, 64, LEASE)) == 12  # narrowed, not held: one failure alone
     delivered = Delivery.select().where(Delivery.state == "delivered").order_by(Delivery.seq)
     assert [d.event_id for d in delivered] == queued[:31] + queued[32:47]  # oldest first
 
@@ -176,7 +176,7 @@ def test_a_pinned_subscription_neither_widens_nor_narrows(organization):
     claims = claim_due(NOW, 64, LEASE)
     assert len(claims) == 3
     record([(claims[0], OK), (claims[1], OK), (claims[2], TIMED_OUT)], NOW + 1, draw=0.0)
-    assert len(claim_due(NOW + 1 + FIRST_BACKOFF_MS, 64, LEASE)) == 3
+    assert len(claim_due(NOW + 1, 64, LEASE)) == 3
     assert limit_of(subscription) == (1, None)
 
 
@@ -233,11 +233,13 @@ def test_a_hold_is_never_shortened_by_a_shorter_one(organization):
 
 def test_a_500_with_retry_after_holds_only_for_the_failure_backoff(organization):
     [subscription] = subscriptions(organization("acme"), 1)
-    for _ in range(3):
+    for _ in range(4):
         enqueue_ping(subscription)
     [claim] = claim_due(NOW, 64, LEASE)
     record([(claim, refused(500, "30"))], NOW + 10)
-    assert len(claim_due(NOW + 10 + FIRST_BACKOFF_MS, 64, LEASE)) == 1  # not the 30 s it asked for
+    [claim] = claim_due(NOW + 10, 64, LEASE)  # one failure alone: not the 30 s it asked for
+    record([(claim, refused(500, "30"))], NOW + 20)
+    assert len(claim_due(NOW + 20 + FIRST_BACKOFF_MS, 64, LEASE)) == 1  # the second: its backoff, not 30 s
 
 
 @pytest.mark.both_databases
@@ -273,16 +275,6 @@ def test_the_gauge_counts_subscriptions_held_at_their_limit_or_paused(app, clien
 
 
 # --- dispatchers and receivers ----------------------------------------------------------------------
-
-def too_many_after_retry_after(seconds: int):
-    """A receiver step: 429 with Retry-After."""
-    def step(handler):
-        handler.send_response(429)
-        handler.send_header("Retry-After", str(seconds))
-        handler.send_header("Content-Length", "0")
-        handler.end_headers()
-    return step
-
 
 @pytest.mark.config(WEBHOOK_ALLOWED_NETWORKS=["127.0.0.0/8"])
 def test_a_receivers_retry_after_is_honoured_by_the_dispatcher(dispatcher, start_receiver, organization, clock):
@@ -486,24 +478,30 @@ def stack(frame):
 
 # --- a failing endpoint is held, not hammered -----------------------------------------------------
 
-@pytest.mark.parametrize("failures, wait_ms", [(1, 1_000), (2, 2_000), (3, 4_000), (6, 32_000), (7, 60_000),
+@pytest.mark.parametrize("failures, wait_ms", [(2, 1_000), (3, 2_000), (4, 4_000), (7, 32_000), (8, 60_000),
                                                (20, 60_000), (10_000, 60_000)])
 def test_the_backoff_doubles_with_the_failures_in_a_row_up_to_a_minute(failures, wait_ms):
     assert backoff_until(failures, NOW) == NOW + wait_ms
     assert MAX_BACKOFF_MS == 60_000
 
 
+def test_one_failure_alone_holds_nothing():
+    assert backoff_until(1, NOW) is None
+
+
 @pytest.mark.both_databases
-def test_after_a_failure_nothing_more_is_sent_until_the_backoff_ends(organization):
+def test_after_a_second_failure_in_a_row_nothing_more_is_sent_until_the_backoff_ends(organization):
     [subscription] = subscriptions(organization("acme"), 1)
-    for _ in range(5):
+    for _ in range(6):
         enqueue_ping(subscription)
     [claim] = claim_due(NOW, 64, LEASE)
     record([(claim, TIMED_OUT)], NOW + 10)
-    assert claim_due(NOW + 10 + FIRST_BACKOFF_MS - 1, 64, LEASE) == []
-    [probe] = claim_due(NOW + 10 + FIRST_BACKOFF_MS, 64, LEASE)
-    record([(probe, TIMED_OUT)], NOW + 20 + FIRST_BACKOFF_MS)
-    assert claim_due(NOW + 20 + 3 * FIRST_BACKOFF_MS - 1, 64, LEASE) == []  # the second waits twice as long
-    [probe] = claim_due(NOW + 20 + 3 * FIRST_BACKOFF_MS, 64, LEASE)
-    record([(probe, OK)], NOW + 30 + 3 * FIRST_BACKOFF_MS)
-    assert len(claim_due(NOW + 31 + 3 * FIRST_BACKOFF_MS, 64, LEASE)) == 1  # a success holds nothing
+    [claim] = claim_due(NOW + 10, 64, LEASE)  # one failure alone holds nothing
+    record([(claim, TIMED_OUT)], NOW + 20)
+    assert claim_due(NOW + 20 + FIRST_BACKOFF_MS - 1, 64, LEASE) == []
+    [probe] = claim_due(NOW + 20 + FIRST_BACKOFF_MS, 64, LEASE)
+    record([(probe, TIMED_OUT)], NOW + 30 + FIRST_BACKOFF_MS)
+    assert claim_due(NOW + 30 + 3 * FIRST_BACKOFF_MS - 1, 64, LEASE) == []  # the third waits twice as long
+    [probe] = claim_due(NOW + 30 + 3 * FIRST_BACKOFF_MS, 64, LEASE)
+    record([(probe, OK)], NOW + 40 + 3 * FIRST_BACKOFF_MS)
+    assert len(claim_due(NOW + 41 + 3 * FIRST_BACKOFF_MS, 64, LEASE)) == 1  # a success holds nothing

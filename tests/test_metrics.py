@@ -6,7 +6,7 @@ Counters live in this test process and only grow, so every assertion compares be
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.receivers import Receiver
+from tests.receivers import Receiver, too_many_after_retry_after
 from tests.support import WEBHOOKS, run_through_backoffs
 
 
@@ -176,7 +176,7 @@ def test_an_auto_disable_is_counted(app, client, auth, failing_receiver, clock):
 def test_a_subscription_its_receiver_holds_is_due_but_not_ready(app, client, auth, clock, start_receiver):
     """One partner answering 429 with Retry-After while every other is current: the ready gauges,
     which the alert rule watches, say the service owes nothing; the due ones count what waits."""
-    held = client.post(WEBHOOKS, json={"url": start_receiver(script=[429]).url}, headers=auth).get_json()
+    held = client.post(WEBHOOKS, json={"url": start_receiver(script=[too_many_after_retry_after(5)]).url}, headers=auth).get_json()
     current = client.post(WEBHOOKS, json={"url": start_receiver().url}, headers=auth).get_json()
     for subscription in (held, held, held, current):
         client.post(f"{WEBHOOKS}/{subscription['id']}/test", json={"secret": subscription["secret"]}, headers=auth)
