@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import gc
 import http.server
@@ -276,6 +277,43 @@ def test_a_reset_is_a_connection_error_that_says_so(serve_raw):
 
     assert (result.error, result.error_detail) == (
         "connection_error", "connection reset by the receiver while waiting for the response head")
+
+
+def test_a_chunked_body_is_read_to_its_end_and_its_connection_kept(serve_raw):
+    def chunked(conn, server):
+        while read_request(conn) is not None:
+            conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+                         b"3\r\nabc\r\n4;ext=1\r\ndefg\r\n0\r\nX-Trailer: t\r\n\r\n")
+
+    server = serve_raw(chunked)
+    transport = Transport()
+    results = [post(target(server.port), transport=transport) for _ in range(3)]
+    assert [(r.ok, r.response_excerpt) for r in results] == [(True, "abcdefg")] * 3
+    assert server.accepted == 1
+
+
+def test_a_chunked_body_cut_short_is_a_connection_error(serve_raw):
+    def cut(conn, server):
+        read_request(conn)
+        conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n10\r\nabc")
+
+    result = post(target(serve_raw(cut).port))
+    assert (result.ok, result.http_status, result.error, result.response_excerpt) == (
+        False, 200, "connection_error", "abc")
+
+
+@pytest.mark.parametrize("request_target, headers", [
+    ("/hooks HTTP/1.1\r\nX-Smuggled: 1\r\n\r\nPOST /other", {}),
+    ("/a b", {}),
+    ("/hooks", {"X-Event": "ping\r\nX-Smuggled: 1"}),
+    ("/hooks", {"X-Event": "ping\n"}),
+])
+def test_a_request_line_or_header_that_would_split_the_request_is_refused_unsent(serve_raw, request_target, headers):
+    server = serve_raw(lambda conn, server: server.notes.append(read_request(conn)))
+    tgt = dataclasses.replace(target(server.port), request_target=request_target)
+    with pytest.raises(ValueError):
+        Transport().post(tgt, BODY, {**HEADERS, **headers}, Deadline(PATIENCE))
+    assert server.accepted == 0
 
 
 def test_a_body_cut_short_says_how_much_came(serve_raw):

@@ -2,9 +2,10 @@
 failures audit), to the operator (`flask deliveries show`) and in the attempt's log line.
 
 One plain line of at most MAX_CHARS characters. Built only from what the attempt saw: the exception
-urllib3 or the socket raised, the phase it was in, the address dialled, a redirect's Location. Never
-the subscription URL (its path or query may carry a partner's token), never a secret; a Location
-loses its user-info and its query, which the partner's server chose and may carry credentials.
+urllib3, http.client or the socket raised, the phase it was in, the address dialled, a redirect's
+Location. Never the subscription URL (its path or query may carry a partner's token), never a
+secret; a Location loses its user-info and its query, which the partner's server chose and may
+carry credentials.
 """
 
 from __future__ import annotations
@@ -14,8 +15,6 @@ import http.client
 import ssl
 from collections.abc import Iterator
 from urllib.parse import urlsplit
-
-from urllib3.exceptions import IncompleteRead
 
 from partner import safe_text
 
@@ -67,9 +66,9 @@ def of_failure(failure: BaseException, phase: str, address: str | None, port: in
             reason = (cause.reason or type(cause).__name__).lower().replace("_", " ")
             failed = "TLS handshake failed" if phase == "TLS handshake" else f"TLS error {PHASES[phase]}"
             return bounded(f"{failed}: {reason}")
-        if isinstance(cause, IncompleteRead):
-            return bounded(f"connection closed mid-body: {cause.partial} of {cause.partial + cause.expected} "
-                           f"bytes received")
+        if isinstance(cause, http.client.IncompleteRead) and cause.expected:
+            received = len(cause.partial)
+            return bounded(f"connection closed mid-body: {received} of {received + cause.expected} bytes received")
         if isinstance(cause, http.client.RemoteDisconnected):
             return "connection closed by the receiver without a response"
         if isinstance(cause, OSError) and cause.errno in _ERRNOS:

@@ -37,7 +37,6 @@ from partner.outbound.sockets import IdleQueue, Sockets, SocketsBusy
 
 MAX_TARGETS = 64  # pools kept per process, one per partner address
 _OUT_OF_DESCRIPTORS = (errno.EMFILE, errno.ENFILE)
-_CORK = getattr(socket, "TCP_CORK", None)  # Linux; elsewhere each write leaves at once
 
 
 class Deadline(Protocol):
@@ -96,42 +95,25 @@ def _arm(sock: socket.socket) -> None:
 
 
 class _DeadlineSocketMixin:
-    corked = False
-
     def recv(self, *args: Any, **kwargs: Any) -> Any:
-        self._before_recv()
+        self._before(phase="response head")
         return super().recv(*args, **kwargs)  # type: ignore[misc]
 
     def recv_into(self, *args: Any, **kwargs: Any) -> Any:
-        self._before_recv()
+        self._before(phase="response head")
         return super().recv_into(*args, **kwargs)  # type: ignore[misc]
 
     def send(self, *args: Any, **kwargs: Any) -> Any:
-        self._before_send()
+        self._before(phase="request")
         return super().send(*args, **kwargs)  # type: ignore[misc]
 
     def sendall(self, *args: Any, **kwargs: Any) -> Any:
-        self._before_send()  # a plain socket's sendall treats its timeout as a total
+        self._before(phase="request")  # a plain socket's sendall treats its timeout as a total
         return super().sendall(*args, **kwargs)  # type: ignore[misc]
 
-    # urllib3 sends a request's head and body in two writes (http.client joins them): corked, they
-    # leave in one segment, and the partner wakes once per request instead of twice. It costs no CPU
-    # we can measure (0.564 ms a delivery corked, 0.554 not, bench/engine_cpu), and uncorked, a Python
-    # http.server receiver under a 400-ping drain reset about 1 connection in 15 (tests/test_ops.py's
-    # drain beside a /readyz hammer stalled on the failures' backoff).
-    def _before_send(self) -> None:
+    def _before(self, phase: str) -> None:
         _arm(self)  # type: ignore[arg-type]
-        attempt.phase = "request"
-        if _CORK is not None and not self.corked:
-            self.setsockopt(socket.IPPROTO_TCP, _CORK, 1)  # type: ignore[attr-defined]
-            self.corked = True
-
-    def _before_recv(self) -> None:
-        _arm(self)  # type: ignore[arg-type]
-        attempt.phase = "response head"
-        if self.corked:
-            self.setsockopt(socket.IPPROTO_TCP, _CORK, 0)  # type: ignore[attr-defined]  # sends what is held
-            self.corked = False
+        attempt.phase = phase
 
 
 class _DeadlineSocket(_DeadlineSocketMixin, socket.socket):
@@ -192,12 +174,32 @@ class _HTTPSConnection(_DeadlineConnectionMixin, HTTPSConnection):
     dialled_phase = "TLS handshake"  # urllib3 wraps the socket next; the handshake calls no recv of ours
 
 
-class _PoolMixin:
-    """A urllib3 pool whose idle connections and sockets are counted in `sockets`."""
+class PartnerPool:
+    """A urllib3 pool whose idle connections and sockets are counted in `sockets`; the transport
+    takes a connection, makes its exchange on the socket (exchange.py) and gives it back."""
 
     def __init__(self, host: str, port: int | None = None, *, sockets: Sockets, **kwargs: Any) -> None:
         self.sockets = sockets  # before urllib3 makes the queue (_new_pool_queue)
         super().__init__(host, port, sockets=sockets, **kwargs)  # type: ignore[call-arg]  # and each connection
+
+    def take(self, connect_seconds: float) -> HTTPConnection:
+        """An idle connection that still looks open, else a new one dialled within `connect_seconds`:
+        urllib3's own choice (urlopen's), without the request it would then make."""
+        conn: HTTPConnection = self._get_conn()  # type: ignore[attr-defined]
+        if conn.sock is None:
+            conn.timeout = connect_seconds
+            try:
+                conn.connect()
+            except BaseException:
+                self.give_back(conn, reusable=False)  # a failed handshake leaves the TCP socket open
+                raise
+        return conn
+
+    def give_back(self, conn: HTTPConnection, reusable: bool) -> None:
+        """Return `conn` to the pool, closed unless `reusable`."""
+        if not reusable:
+            conn.close()
+        self._put_conn(conn)
 
     def _new_pool_queue(self, maxsize: int) -> IdleQueue:
         return IdleQueue(self.sockets, maxsize)
@@ -207,9 +209,9 @@ class _PoolMixin:
         self.sockets.close_idle()  # the budget and the age of idle connections, checked as each comes back
 
 
-class _HTTPPool(_PoolMixin, HTTPConnectionPool):
+class _HTTPPool(PartnerPool, HTTPConnectionPool):
     ConnectionCls = _HTTPConnection
 
 
-class _HTTPSPool(_PoolMixin, HTTPSConnectionPool):
+class _HTTPSPool(PartnerPool, HTTPSConnectionPool):
     ConnectionCls = _HTTPSConnection

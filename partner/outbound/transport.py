@@ -1,26 +1,15 @@
 """One webhook attempt: an HTTP POST to vetted addresses, within one total deadline.
 
 `Transport` is built once per process (by the dispatcher): it holds the one client TLS context and
-urllib3's pools of connections partners kept open (connections.py). Each attempt is one urlopen on
-the pool of (scheme, vetted address, port, host name), so a connection is never reused for another
-address or name; retries are off, so urllib3 follows no redirect, and a PoolManager reads no proxy
-from the environment; only IP literals are dialled, so no name is resolved.
+urllib3's pools of connections partners kept open (connections.py). Each attempt takes a connection
+from the pool of (scheme, vetted address, port, host name), so a connection is never reused for
+another address or name, and makes one exchange on it (exchange.py): nothing follows a redirect,
+no proxy is read from the environment, and only IP literals are dialled, so no name is resolved.
 
-Why urllib3 directly, not requests with an adapter over it: requests brings nothing this needs and
-costs CPU. Its Session must be told not to read proxies, keep cookies or add headers, and even with
-allow_redirects=False it reads a 3xx body to its end, decoded (Session.send consumes it to prepare
-the next hop: a gzip bomb behind a redirect would be inflated); it would still need these pools and
-the deadline socket underneath. bench/delivery_throughput.py, one full run each (10,000 deliveries,
-64 threads) on a shared 2-core machine under other engineers' load (figures move with it):
-
-    pool                          HTTP drain/s  HTTPS drain/s  HTTPS/HTTP  worker CPU per HTTPS
-    our own (before)                     746            740        0.99      1.20 ms
-    urllib3 (this module)                520            557        1.07      1.65 ms
-    requests Session over urllib3        410            325        0.79      2.80 ms
-
-One thread POSTing in a loop to the bench receiver spends ~370 us of CPU per attempt on our own
-pool, ~550 us on urllib3's and ~1,150 us through requests: the library's layers cost ~0.2 ms per
-delivery, in exchange for keeping no pool of our own.
+Why not requests, nor urllib3's urlopen: each brings layers this needs none of, at a CPU cost per
+attempt that was most of the engine's own (docs/performance.md). A requests Session must be told
+not to read proxies, keep cookies or add headers, and even with allow_redirects=False it reads a
+3xx body to its end, decoded (a gzip bomb behind a redirect would be inflated).
 
 A partner may close an idle connection at any moment: urllib3 drops one that looks closed before
 use; when a reused connection fails before any response byte arrives (the partner closed it as the
@@ -29,24 +18,22 @@ request went out), the request goes once more, on a freshly dialled connection.
 
 from __future__ import annotations
 
+import http.client
 import ipaddress
 import ssl
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from urllib3 import BaseHTTPResponse, HTTPConnectionPool, Timeout
 from urllib3.exceptions import ConnectTimeoutError, HTTPError
 
 from partner import safe_text
-from partner.outbound import causes
-from partner.outbound.connections import PartnerPools, attempt, client_tls_context
+from partner.outbound import causes, exchange
+from partner.outbound.connections import PartnerPool, PartnerPools, attempt, client_tls_context
 from partner.outbound.sockets import Sockets
 from partner.outbound.ssrf import SCHEMES, Target
 
-MAX_RESPONSE_BYTES = 65536
-
-_NETWORK_ERRORS = (OSError, HTTPError)
+_NETWORK_ERRORS = (OSError, HTTPError, http.client.HTTPException)
 # What a partner closing an idle connection looks like to the next request sent on it.
 _DROPPED_WHILE_IDLE = (ConnectionResetError, BrokenPipeError, ConnectionAbortedError,
                        ssl.SSLEOFError, ssl.SSLZeroReturnError)
@@ -90,15 +77,6 @@ class Deadline:
         return max(0, round((self._clock() - self._started_at) * 1000))
 
 
-@dataclass
-class _Reply:
-    status: int | None = None
-    body: bytearray = field(default_factory=bytearray)
-    location: str | None = None  # a redirect's
-    address: str | None = None  # the one dialled last
-    retry_after: str | None = None
-
-
 class Transport:
     """Sends attempts; one per process, shared by every delivery thread (at most
     `connections_per_target` of them: each partner address keeps up to that many idle connections,
@@ -115,12 +93,13 @@ class Transport:
         never raises for network outcomes: SocketsBusy only, when no socket could be had. Adds Host,
         Content-Length and `Accept-Encoding: identity`: the body is never decoded, so it is asked for plain."""
         addresses = _parse_addresses(target)
-        headers = {**headers, "Host": _host_header(target), "Accept-Encoding": "identity"}
-        reply = _Reply()
+        head = exchange.request_head(target.request_target, {**headers, "Host": _host_header(target),
+                                                             "Accept-Encoding": "identity"}, len(body))
+        reply = exchange.Reply()
         attempt.deadline, attempt.phase = deadline, "connect"
         detail = None
         try:
-            self._exchange(target, addresses, body, headers, deadline, reply)
+            self._exchange(target, addresses, head, body, deadline, reply)
             error = _status_error(reply.status)
             if error == "redirect":
                 detail = causes.of_redirect(reply.status, reply.location)
@@ -141,53 +120,45 @@ class Transport:
             retry_after=reply.retry_after,
         )
 
-    def _exchange(self, target: Target, addresses: tuple[str, ...], body: bytes,
-                  headers: dict[str, str], deadline: Deadline, reply: _Reply) -> None:
+    def _exchange(self, target: Target, addresses: tuple[str, ...], head: bytes, body: bytes,
+                  deadline: Deadline, reply: exchange.Reply) -> None:
         """To the first address that accepts a connection: each gets a fair share of the time left,
         so one black-holed address cannot starve the ones after it; the last gets all that remains."""
         for index, address in enumerate(addresses):
             connect_seconds = deadline.remaining() / (len(addresses) - index)
             try:
-                return self._send(target, address, body, headers, deadline, connect_seconds, reply)
+                return self._send(target, address, head, body, deadline, connect_seconds, reply)
             except ConnectTimeoutError:  # also NewConnectionError: nothing was sent
                 if index == len(addresses) - 1:
                     raise
 
-    def _send(self, target: Target, address: str, body: bytes, headers: dict[str, str],
-              deadline: Deadline, connect_seconds: float, reply: _Reply) -> None:
+    def _send(self, target: Target, address: str, head: bytes, body: bytes, deadline: Deadline,
+              connect_seconds: float, reply: exchange.Reply) -> None:
         pool = self.pools.connection_from_host(address, target.port, target.scheme,
                                                pool_kwargs={"server_hostname": target.host})
-        timeout = Timeout(connect=connect_seconds, read=None)  # reads: the deadline socket's
         attempt.dialled, reply.address = False, address
         try:
-            return _round_trip(pool, target.request_target, body, headers, timeout, reply)
+            return _round_trip(pool, head, body, connect_seconds, reply)
         except _NETWORK_ERRORS as failure:
             if (attempt.dialled or reply.status is not None or deadline.has_passed()
                     or not _caused_by(failure, _DROPPED_WHILE_IDLE)):
                 raise
         attempt.refuse_idle, attempt.phase = True, "connect"
         try:
-            _round_trip(pool, target.request_target, body, headers, timeout, reply)
+            _round_trip(pool, head, body, connect_seconds, reply)
         finally:
             attempt.refuse_idle = False
 
 
-def _round_trip(pool: HTTPConnectionPool, request_target: str, body: bytes, headers: dict[str, str],
-                timeout: Timeout, reply: _Reply) -> None:
-    """Send the request and read the reply; the connection goes back to the pool, closed unless
-    its response was read to its end (the rest of a longer body would be the next reply)."""
-    response = pool.urlopen("POST", request_target, body=body, headers=headers, timeout=timeout,
-                            redirect=False, preload_content=False, decode_content=False,
-                            release_conn=False)
-    reply.status, reply.location = response.status, response.headers.get("Location")
-    reply.retry_after = response.headers.get("Retry-After")
-    ended = False
+def _round_trip(pool: PartnerPool, head: bytes, body: bytes, connect_seconds: float, reply: exchange.Reply) -> None:
+    """Send the request on one of the pool's connections and read the reply; the connection goes
+    back to the pool, closed unless it may carry another request."""
+    conn = pool.take(connect_seconds)
+    reusable = False
     try:
-        ended = _read_capped(response, reply.body)
+        reusable = exchange.post(conn.sock, head, body, reply)
     finally:
-        if not ended:
-            response.close()
-        response.release_conn()
+        pool.give_back(conn, reusable)
 
 
 def _parse_addresses(target: Target) -> tuple[str, ...]:
@@ -202,20 +173,6 @@ def _parse_addresses(target: Target) -> tuple[str, ...]:
 def _host_header(target: Target) -> str:
     shown = f"[{target.host}]" if ":" in target.host else target.host
     return shown if target.port == SCHEMES[target.scheme] else f"{shown}:{target.port}"
-
-
-def _read_capped(response: BaseHTTPResponse, into: bytearray) -> bool:
-    """Read the body until it ends or MAX_RESPONSE_BYTES have arrived; True if it ended.
-
-    read1 hands over whatever has arrived, so `into` keeps the bytes read before a timeout; a body
-    cut short raises (urllib3 checks Content-Length).
-    """
-    while len(into) < MAX_RESPONSE_BYTES:
-        chunk = response.read1(MAX_RESPONSE_BYTES - len(into))
-        if not chunk:
-            return True
-        into += chunk
-    return response.length_remaining == 0
 
 
 def _status_error(status: int | None) -> str | None:
