@@ -67,7 +67,9 @@ class Dispatcher:
         # self.scan looked up at each run: a seam, so a test can count scans (tests.support.counting_scans).
         self.jobs = Jobs(lambda: self.scan(), config["DELIVERY_POLL_INTERVAL"], self.clock, config["RETENTION_DAYS"])
         self._stopping = threading.Event()
-        self.courier = Courier(config, self._stopping)
+        # The attempts holding a slot here, each until its outcome is committed (or its thread gives up).
+        self._attempting: set[tuple[str, str, str]] = set()
+        self.courier = Courier(config, self._stopping, committed=self._free)
         self._queued = threading.Event()  # set by wake(), cleared by the next scan that has slots
         self._scan_backoff = 0.0
         self._next_scan_at = 0.0  # time.monotonic(); later while the database fails
@@ -139,7 +141,8 @@ class Dispatcher:
             with db.connection_context():
                 if database_outage.active:  # a claim of nothing writes nothing: prove writes commit
                     probe_write()
-                claims = self._claim(reserved, failing, max(0, self._spare(reserved)))
+                spare = max(0, self._spare(reserved))
+                claims = self._claim(reserved, failing, spare)
         except Exception as error:  # noqa: BLE001 - unavailability backs off, the rest re-raised
             self._back_off(error)
             return 0
@@ -150,7 +153,7 @@ class Dispatcher:
             self._rescan_in = 0.0
         else:
             self._scan_again_when_due(idle)
-        return self._start(claims)
+        return self._start(claims, spare)
 
     def _scan_again_when_due(self, idle: bool) -> None:
         """This scan took nothing. Scan again when the next delivery falls due, if the poll comes
@@ -183,11 +186,15 @@ class Dispatcher:
         self._scan_backoff = min(MAX_SCAN_BACKOFF_SECONDS, self._scan_backoff * 2 or SCAN_BACKOFF_SECONDS)
         self._next_scan_at = time.monotonic() + self._scan_backoff
 
-    def _start(self, claims: list[Claim]) -> int:
-        """Submit each claim to the pool (which stop() shuts down only once their slots are free)."""
+    def _start(self, claims: list[Claim], spare: int) -> int:
+        """Submit each claim to the pool (which stop() shuts down only once their slots are free);
+        those after the first `spare` were given threads beyond the slots (outbox.claim_due takes
+        the spare ones first)."""
+        with self._slots:
+            self._attempting.update(_slot_key(claim) for claim in claims)
         for started, claim in enumerate(claims):
             try:
-                self._pool.submit(self._run_in_slot, claim)
+                self._pool.submit(self._run_in_slot, claim, started >= spare)
             except RuntimeError as error:  # no thread could start: the process's own limit, not a partner's
                 self._give_back(claims[started:], error)
                 return started
@@ -201,7 +208,8 @@ class Dispatcher:
                 for claim in claims:
                     put_off(claim, now_ms(self.clock))
         finally:
-            self._release_slots(len(claims), sum(c.failing for c in claims))
+            for claim in claims:
+                self._free(claim)
 
     def run_due(self) -> int:
         """Claim and attempt every due delivery in this thread, one at a time; for tests and tools."""
@@ -221,7 +229,7 @@ class Dispatcher:
         return claim_due(now_ms(self.clock), limit, self.courier.lease_ms, failing, self.auto_disable_threshold,
                          self.most_per_subscription, self.concurrency, spare)
 
-    def _run_in_slot(self, claim: Claim) -> None:
+    def _run_in_slot(self, claim: Claim, beyond: bool) -> None:
         try:
             self.courier.attempt(claim)
         except Exception as error:  # noqa: BLE001 - logged: a pool thread's exception would vanish
@@ -232,16 +240,27 @@ class Dispatcher:
             else:
                 log.exception("delivery attempt crashed: event=%s", claim.event_id)
         finally:
-            self._release_slots(1, int(claim.failing))
-        # Spare slots refill in batches. While attempts run beyond the slots (an organization below its
-        # share on the threads beyond them), each end claims again, or that organization's next
-        # deliveries would wait for a poll. An organization alone never goes beyond the slots.
+            self._free(claim)  # if its outcome's commit did not free it already
+        # Spare slots refill in batches. An attempt on a thread beyond the slots (its organization held
+        # less than its share while the slots were full) claims again as it ends, or that
+        # organization's next deliveries would wait for a poll while the others hold every slot.
         spare = self._spare(self._free_slots)
-        if (spare >= self.refill_at or spare <= 0 or self._queued.is_set()) and not self._stopping.is_set():
+        if (beyond or spare >= self.refill_at or self._queued.is_set()) and not self._stopping.is_set():
             try:
                 self.scan()
             except Exception:  # on a pool thread: raised, it would vanish into a Future nobody reads
                 log.exception("delivery scan after an attempt failed")
+
+    def _free(self, claim: Claim) -> None:
+        """Free the slot of `claim`'s attempt, once: as its outcome is committed (the courier's group
+        commit calls this for the whole batch, before its threads run again), else when its thread
+        is done with it. Freed only once the thread ran again, a crowd of threads whose outcomes were
+        committed but who had not yet had the CPU left the share rule, counted from the database,
+        seeing an organization alone below its share: it took the threads beyond the slots."""
+        with self._slots:
+            if _slot_key(claim) in self._attempting:
+                self._attempting.remove(_slot_key(claim))
+                self._release_slots(1, int(claim.failing))
 
     def _spare(self, free: int) -> int:
         """Of `free` threads, the slots among them (at most 0 while attempts run beyond the slots)."""
@@ -267,3 +286,8 @@ class Dispatcher:
             if idle:
                 self._slots.notify_all()
             return idle
+
+
+def _slot_key(claim: Claim) -> tuple[str, str, str]:
+    """A claim's key among the attempts here: its delivery is claimed again under another lease."""
+    return claim.event_id, claim.subscription_id, claim.lease_token

@@ -8,6 +8,7 @@ import logging
 import random
 import threading
 import time
+from collections.abc import Callable
 
 from partner.errors import OurResourcesBusy
 from partner.outbound.sender import Sender
@@ -33,16 +34,18 @@ RECORD_RETRY_SECONDS = (0.5, 1, 2, 4, 8)
 
 class Courier:
     """Makes one attempt of a claimed delivery: send, record, log. `stopping` cuts short the pauses
-    between tries to record."""
+    between tries to record; `committed` is told of each claim whose outcome was committed, as the
+    commit ends (by the thread that wrote it)."""
 
-    def __init__(self, config, stopping: threading.Event):
+    def __init__(self, config, stopping: threading.Event, committed: Callable[[Claim], None] = lambda claim: None):
         self.config, self.clock, self._stopping = config, config["CLOCK"], stopping
         self.lease_ms = to_ms(config["DELIVERY_TIMEOUT"] + LEASE_MARGIN_SECONDS)
         self.policy = RetryPolicy(config["DELIVERY_RETRY_DELAYS"], config["AUTO_DISABLE_THRESHOLD"])
         most = config["DELIVERY_MAX_PER_SUBSCRIPTION"]
         self.random = random.Random()
         # Outcomes of attempts finishing together are written at once.
-        self.outcomes = GroupCommit(lambda outcomes: write_outcomes(outcomes, self.policy, most))
+        self.outcomes = GroupCommit(lambda outcomes: write_outcomes(outcomes, self.policy, most),
+                                    lambda outcome: committed(outcome.claim))
         # The record step and its pauses between tries: seams, so a test can make it fail every time.
         self.record, self.record_pauses = self.outcomes.run, RECORD_RETRY_SECONDS
 

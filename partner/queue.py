@@ -39,11 +39,14 @@ organization alone may fill every slot with attempts that take seconds (a slow r
 organization's next delivery would wait for one of them to end. So a process has `:spare` slots, which
 go in turn order to anyone, and beyond them, up to `:limit`, slots that go only to an organization
 holding less than its share: the process's `:slots` divided among the organizations holding or waiting
-for one (rounded up). Alone, an organization may use every slot; while another waits, one that holds
-more than its share is given only spare slots, after the other's turns, and the other is given slots
-beyond the spare ones up to its share, at once. The attempts in flight are counted in every process,
-so on several processes the share is of one process's slots, counted across all: stricter, never
-looser.
+for one (rounded up, so the shares together may pass the slots by one less than the organizations;
+`:limit`, the threads free, still bounds what is taken). Alone, an organization may use every slot;
+while another waits, one that holds more than its share is given only spare slots, after the other's
+turns, and the other is given slots beyond the spare ones up to its share, at once. The attempts in
+flight are counted in every process, so on several processes the share is of one process's slots,
+counted across all: stricter, never looser, which also means a newcomer's room beyond the spare
+slots is one share for the whole fleet, not one per process; the protection narrows as the service
+scales out (each process's spare slots still go in turn order).
 
 The candidates are found without reading the backlog or the history: a walk over the delivery_queue
 index visits each subscription with open deliveries once (a loose index scan, written as a recursive

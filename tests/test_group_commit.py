@@ -173,3 +173,27 @@ def test_a_success_and_its_streak_reset_commit_together_or_not_at_all(database, 
     allow_in_sqlite()
     assert [r.recorded for r in write_outcomes([Outcome(claim, DELIVERED, NOW, NOW + 4)], POLICY)] == [True]
     assert Subscription.get_by_id(subscription.id).consecutive_failures == 0
+
+
+def test_the_writer_tells_of_each_item_committed_before_its_caller_runs_again(database):
+    """The dispatcher frees an attempt's slot as its outcome commits (delivery.py): told by the thread
+    that wrote the batch, before the caller returns; an item whose write failed is not told of."""
+    committed, seen_by_callers = [], {}
+
+    def write(names):
+        if "refused" in names:
+            raise ValueError("refused")
+        return names
+
+    group = GroupCommit(write, committed.append)
+
+    def run(name):
+        try:
+            group.run(name)
+        except ValueError:
+            pass
+        seen_by_callers[name] = name in committed
+
+    assert run_together(*[lambda name=name: run(name) for name in ("a", "b", "refused", "c")]) == []
+    assert sorted(committed) == ["a", "b", "c"]
+    assert seen_by_callers == {"a": True, "b": True, "refused": False, "c": True}

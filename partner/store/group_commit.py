@@ -1,8 +1,8 @@
 """Group commit: the outcomes of attempts finishing together are written at once.
 
-An outcome must be committed before its attempt's slot is freed, and so before its delivery can be
-claimed again. Written one transaction each, the delivery threads of a process queue for SQLite's
-one writer, and a second process sleeps in SQLite's busy handler between them: the writes, not the
+An outcome must be committed before its attempt's slot is freed (the writer frees the batch's as it
+commits: delivery.py says why), and so before its delivery can be claimed again. Written one
+transaction each, the delivery threads of a process queue for SQLite's one writer, and a second process sleeps in SQLite's busy handler between them: the writes, not the
 work, set the pace (bench/scale_out). Here the first thread to find the writer free writes every
 outcome queued until then, in one write (outcomes.write_outcomes), while the others wait for it;
 whatever arrives meanwhile is written by the next one. No thread of its own and no timer: a lone
@@ -27,41 +27,57 @@ class _Queued:
         self.done = False
         self.result: Any = None
         self.error: BaseException | None = None
+        # Released when the item is written, or when its caller is to write the next batch: each
+        # caller is woken alone, not every waiting thread at each commit (with hundreds of delivery
+        # threads waiting, waking them all to look cost a fifth of a delivery's CPU).
+        self.turn = threading.Lock()
+        self.turn.acquire()
 
 
 class GroupCommit:
     """Writes items in batches: `write(items)` writes them in one transaction and returns their
-    results."""
+    results; `committed(item)` is called for each, by the thread that wrote them, once they are
+    committed and before any of their callers runs again."""
 
-    def __init__(self, write: Callable[[list], list]):
+    def __init__(self, write: Callable[[list], list], committed: Callable[[Any], Any] = lambda item: None):
         self._write_items = write
+        self._committed = committed
+        self._lock = threading.Lock()  # guards the queue and the writer's role
         self._queue: list[_Queued] = []
-        self._changed = threading.Condition()
-        self._writing = False  # a thread is writing a batch
+        self._writing = False  # a caller is writing a batch, or has been woken to write the next
 
     def run(self, item: Any) -> Any:
         """Write `item` in one transaction with whatever else is queued; return its result once
         committed, or raise its error or the commit's."""
         queued = _Queued(item)
-        with self._changed:
+        with self._lock:
             self._queue.append(queued)
-            self._changed.wait_for(lambda: queued.done or not self._writing)
-            if not queued.done:  # the writer is free: write everything queued, this one with it
-                self._writing = True
-                batch, self._queue = self._queue, []
+            waits, self._writing = self._writing, True
+        if waits:
+            queued.turn.acquire()  # written by another, or its turn to write what is queued
         if not queued.done:
+            with self._lock:
+                batch, self._queue = self._queue, []
             try:
                 self._write(batch)
             finally:
-                with self._changed:
-                    for unwritten in batch:  # interrupted (a BaseException): none may wait for good
-                        if not unwritten.done:
-                            unwritten.error, unwritten.done = RuntimeError("the batch was not written"), True
-                    self._writing = False
-                    self._changed.notify_all()
+                self._hand_over(batch)
         if queued.error is not None:
             raise queued.error
         return queued.result
+
+    def _hand_over(self, batch: list[_Queued]) -> None:
+        """Wake the batch's callers with their answers, and the first caller queued since, to write next."""
+        for unwritten in batch:  # interrupted (a BaseException): none may wait for good
+            if not unwritten.done:
+                unwritten.error, unwritten.done = RuntimeError("the batch was not written"), True
+        with self._lock:
+            following = self._queue[0] if self._queue else None
+            self._writing = following is not None
+        for queued in batch:
+            queued.turn.release()
+        if following is not None:
+            following.turn.release()
 
     def _write(self, batch: list[_Queued]) -> None:
         try:
@@ -77,5 +93,6 @@ class GroupCommit:
         else:
             for queued, result in zip(batch, results):
                 queued.result = result
-        for queued in batch:  # read by the callers once the writer lets go of _changed
+                self._committed(queued.item)
+        for queued in batch:  # read by each caller once its turn is released
             queued.done = True
