@@ -141,8 +141,7 @@ class Dispatcher:
             with db.connection_context():
                 if database_outage.active:  # a claim of nothing writes nothing: prove writes commit
                     probe_write()
-                spare = max(0, self._spare(reserved))
-                claims = self._claim(reserved, failing, spare)
+                claims = self._claim(reserved, failing, max(0, self._spare(reserved)))
         except Exception as error:  # noqa: BLE001 - unavailability backs off, the rest re-raised
             self._back_off(error)
             return 0
@@ -153,7 +152,7 @@ class Dispatcher:
             self._rescan_in = 0.0
         else:
             self._scan_again_when_due(idle)
-        return self._start(claims, spare)
+        return self._start(claims)
 
     def _scan_again_when_due(self, idle: bool) -> None:
         """This scan took nothing. Scan again when the next delivery falls due, if the poll comes
@@ -186,15 +185,13 @@ class Dispatcher:
         self._scan_backoff = min(MAX_SCAN_BACKOFF_SECONDS, self._scan_backoff * 2 or SCAN_BACKOFF_SECONDS)
         self._next_scan_at = time.monotonic() + self._scan_backoff
 
-    def _start(self, claims: list[Claim], spare: int) -> int:
-        """Submit each claim to the pool (which stop() shuts down only once their slots are free);
-        those after the first `spare` were given threads beyond the slots (outbox.claim_due takes
-        the spare ones first)."""
+    def _start(self, claims: list[Claim]) -> int:
+        """Submit each claim to the pool (which stop() shuts down only once their slots are free)."""
         with self._slots:
             self._attempting.update(_slot_key(claim) for claim in claims)
         for started, claim in enumerate(claims):
             try:
-                self._pool.submit(self._run_in_slot, claim, started >= spare)
+                self._pool.submit(self._run_in_slot, claim)
             except RuntimeError as error:  # no thread could start: the process's own limit, not a partner's
                 self._give_back(claims[started:], error)
                 return started
@@ -229,7 +226,7 @@ class Dispatcher:
         return claim_due(now_ms(self.clock), limit, self.courier.lease_ms, failing, self.auto_disable_threshold,
                          self.most_per_subscription, self.concurrency, spare)
 
-    def _run_in_slot(self, claim: Claim, beyond: bool) -> None:
+    def _run_in_slot(self, claim: Claim) -> None:
         try:
             self.courier.attempt(claim)
         except Exception as error:  # noqa: BLE001 - logged: a pool thread's exception would vanish
@@ -245,7 +242,7 @@ class Dispatcher:
         # less than its share while the slots were full) claims again as it ends, or that
         # organization's next deliveries would wait for a poll while the others hold every slot.
         spare = self._spare(self._free_slots)
-        if (beyond or spare >= self.refill_at or self._queued.is_set()) and not self._stopping.is_set():
+        if (claim.beyond or spare >= self.refill_at or self._queued.is_set()) and not self._stopping.is_set():
             try:
                 self.scan()
             except Exception:  # on a pool thread: raised, it would vanish into a Future nobody reads
@@ -256,7 +253,9 @@ class Dispatcher:
         commit calls this for the whole batch, before its threads run again), else when its thread
         is done with it. Freed only once the thread ran again, a crowd of threads whose outcomes were
         committed but who had not yet had the CPU left the share rule, counted from the database,
-        seeing an organization alone below its share: it took the threads beyond the slots."""
+        seeing an organization alone below its share: it took the threads beyond the slots. So a
+        free slot may not yet be an idle thread: a claim then waits a moment in the pool's queue
+        while those threads log their attempts (its lease runs meanwhile)."""
         with self._slots:
             if _slot_key(claim) in self._attempting:
                 self._attempting.remove(_slot_key(claim))

@@ -26,6 +26,7 @@ class Claim:
     failing: bool = False  # when claimed, the subscription's last attempt had failed: a failing slot
     may_widen: bool = False  # this claim filled its subscription's adaptive limit, below the most (outbox._filled)
     queued_at: int = 0  # when its event was accepted (Unix ms): the lag to its first attempt is measured
+    beyond: bool = False  # given a thread beyond the spare slots: its organization was below its share
     # When the lease began, on time.monotonic: the outcome must be written before it ends.
     claimed_at: float = field(default_factory=time.monotonic)
 
@@ -43,10 +44,12 @@ NEVER_RECORDED = AttemptResult(False, None, "not_recorded", "", 0,
 
 
 class Pick(NamedTuple):
-    """A delivery chosen to claim, and how many its subscription could be given now (its room)."""
+    """A delivery chosen to claim, how many its subscription could be given now (its room), and
+    whether it was given a slot beyond the spare ones (its organization below its share)."""
     event_id: str
     subscription_id: str
     room: int
+    beyond: bool = False
 
 
 def pick_due(now_ms: int, limit: int, failing_limit: int | None, most: int, slots: int | None = None,
@@ -57,7 +60,8 @@ def pick_due(now_ms: int, limit: int, failing_limit: int | None, most: int, slot
     params = {"now_ms": now_ms, "limit": limit, "most": most, "slots": limit if slots is None else slots,
               "spare": limit if spare is None else spare,
               "failing_limit": limit if failing_limit is None else failing_limit}
-    return [Pick(row["event_id"], row["subscription_id"], row["room"]) for row in select_rows(queue.PICK, params)]
+    return [Pick(row["event_id"], row["subscription_id"], row["room"], bool(row["beyond"]))
+            for row in select_rows(queue.PICK, params)]
 
 
 def any_due(now_ms: int) -> bool:

@@ -97,8 +97,9 @@ def claim_due(now_ms: int, limit: int, lease_ms: int, failing_limit: int | None 
         rows = {(row["event_id"], row["subscription_id"]): row
                 for row in select_rows(queue.CLAIMED, {"most": most, "event_ids": event_ids, "token": token})}
         _filled(ours, rows)
-        claims = _attemptable([rows[key] for pick in ours if (key := (pick.event_id, pick.subscription_id)) in rows],
-                              token, now_ms, lease_ms, RetryPolicy([], auto_disable_threshold), made)
+        taken = [rows[key] | {"beyond": pick.beyond}
+                 for pick in ours if (key := (pick.event_id, pick.subscription_id)) in rows]
+        claims = _attemptable(taken, token, now_ms, lease_ms, RetryPolicy([], auto_disable_threshold), made)
     dead_letters.report(made)
     return claims
 
@@ -158,7 +159,7 @@ def _claim_of(row: dict, token: str) -> Claim:
     return Claim(row["event_id"], row["kind"], body, row["attempts"] + 1, token,
                  row["subscription_id"], row["organization_id"], row["url"],
                  open_secret(row["subscription_id"], row["secret_key_id"], row["secret_sealed"]),
-                 row["consecutive_failures"] > 0, bool(row["may_widen"]), row["created_at"])
+                 row["consecutive_failures"] > 0, bool(row["may_widen"]), row["created_at"], row["beyond"])
 
 
 def put_off(claim: Claim, due_ms: int) -> bool:

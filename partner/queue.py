@@ -160,7 +160,8 @@ ranked AS (
 admitted AS (
     SELECT ranked.*, ROW_NUMBER() OVER (ORDER BY turn, due_at, event_id) AS nth_taken
     FROM ranked WHERE NOT failing OR failing_nth <= :failing_limit)
-SELECT event_id, subscription_id, room FROM admitted, shares WHERE nth_taken <= :spare OR turn <= share
+SELECT event_id, subscription_id, room, nth_taken > :spare AS beyond
+FROM admitted, shares WHERE nth_taken <= :spare OR turn <= share
 ORDER BY turn, due_at, event_id LIMIT :limit
 """
 # A due delivery of a subscription that is neither deleted nor held.

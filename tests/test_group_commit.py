@@ -197,3 +197,13 @@ def test_the_writer_tells_of_each_item_committed_before_its_caller_runs_again(da
     assert run_together(*[lambda name=name: run(name) for name in ("a", "b", "refused", "c")]) == []
     assert sorted(committed) == ["a", "b", "c"]
     assert seen_by_callers == {"a": True, "b": True, "refused": False, "c": True}
+
+
+def test_a_hook_that_fails_after_the_commit_costs_no_caller_its_result(database):
+    def fail(item):
+        raise RuntimeError("the hook failed")
+
+    group = GroupCommit(lambda names: [name.upper() for name in names], fail)
+    results = {}
+    assert run_together(*[lambda name=name: results.update({name: group.run(name)}) for name in "abc"]) == []
+    assert results == {"a": "A", "b": "B", "c": "C"}

@@ -302,6 +302,19 @@ def test_a_chunked_body_cut_short_is_a_connection_error(serve_raw):
         False, 200, "connection_error", "abc")
 
 
+def test_a_reply_after_an_interim_103_is_never_read_as_the_next_attempts(serve_raw):
+    def early_hints(conn, server):
+        while read_request(conn) is not None:
+            conn.sendall(b"HTTP/1.1 103 Early Hints\r\nLink: </a.css>\r\n\r\n"
+                         b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 4\r\n\r\nfail")
+
+    server = serve_raw(early_hints)
+    transport = Transport()
+    first, second = post(target(server.port), transport=transport), post(target(server.port), transport=transport)
+    assert (first.ok, first.http_status, second.http_status) == (False, 103, 103)
+    assert server.accepted == 2  # the first connection was closed, its 500 unread
+
+
 @pytest.mark.parametrize("request_target, headers", [
     ("/hooks HTTP/1.1\r\nX-Smuggled: 1\r\n\r\nPOST /other", {}),
     ("/a b", {}),

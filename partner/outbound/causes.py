@@ -66,7 +66,9 @@ def of_failure(failure: BaseException, phase: str, address: str | None, port: in
             reason = (cause.reason or type(cause).__name__).lower().replace("_", " ")
             failed = "TLS handshake failed" if phase == "TLS handshake" else f"TLS error {PHASES[phase]}"
             return bounded(f"{failed}: {reason}")
-        if isinstance(cause, http.client.IncompleteRead) and cause.expected:
+        if isinstance(cause, http.client.IncompleteRead):
+            if not cause.expected:  # a chunked body: http.client knows neither what came nor what was due
+                return "connection closed mid-body (a chunk cut short)"
             received = len(cause.partial)
             return bounded(f"connection closed mid-body: {received} of {received + cause.expected} bytes received")
         if isinstance(cause, http.client.RemoteDisconnected):

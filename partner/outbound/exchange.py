@@ -57,7 +57,10 @@ def post(sock: socket.socket, head: bytes, body: bytes, reply: Reply) -> bool:
         response.begin()
         reply.status = response.status
         reply.location, reply.retry_after = response.getheader("Location"), response.getheader("Retry-After")
-        return _read_capped(response, reply.body) and not response.will_close
+        ended = _read_capped(response, reply.body)
+        # http.client passes over a 100 only: after another 1xx (103 Early Hints, 101) the final
+        # answer, or another protocol, may still come on this connection.
+        return ended and not response.will_close and response.status >= 200
     finally:
         response.close()
 

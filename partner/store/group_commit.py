@@ -13,12 +13,15 @@ refuses costs the others nothing (unless the database itself is unavailable: the
 gets that error at once); each caller sees its own outcome's result or error.
 """
 
+import logging
 import threading
 from collections.abc import Callable
 from typing import Any
 
 from partner.store.connection import db
 from partner.store.availability import is_unavailable
+
+log = logging.getLogger(__name__)
 
 
 class _Queued:
@@ -93,6 +96,14 @@ class GroupCommit:
         else:
             for queued, result in zip(batch, results):
                 queued.result = result
-                self._committed(queued.item)
         for queued in batch:  # read by each caller once its turn is released
             queued.done = True
+        for queued in batch:
+            if queued.error is None:
+                self._tell_committed(queued.item)
+
+    def _tell_committed(self, item: Any) -> None:
+        try:
+            self._committed(item)
+        except Exception:  # noqa: BLE001 - the item is committed whatever its hook does: its caller must hear so
+            log.exception("group commit: the hook after a commit failed")
