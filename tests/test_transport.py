@@ -279,36 +279,26 @@ def test_a_reset_is_a_connection_error_that_says_so(serve_raw):
         "connection_error", "connection reset by the receiver while waiting for the response head")
 
 
-def test_a_chunked_body_is_read_to_its_end_and_its_connection_kept(serve_raw):
-    def chunked(conn, server):
+def answering_each(reply: bytes):
+    """A raw server's behaviour: `reply` to every request on the connection, until it closes."""
+    def behave(conn, server):
         while read_request(conn) is not None:
-            conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
-                         b"3\r\nabc\r\n4;ext=1\r\ndefg\r\n0\r\nX-Trailer: t\r\n\r\n")
+            conn.sendall(reply)
+    return behave
 
-    server = serve_raw(chunked)
+
+def test_a_chunked_body_is_read_to_its_end_and_its_connection_kept(serve_raw):
+    server = serve_raw(answering_each(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+                                      b"3\r\nabc\r\n4;ext=1\r\ndefg\r\n0\r\nX-Trailer: t\r\n\r\n"))
     transport = Transport()
     results = [post(target(server.port), transport=transport) for _ in range(3)]
     assert [(r.ok, r.response_excerpt) for r in results] == [(True, "abcdefg")] * 3
     assert server.accepted == 1
 
 
-def test_a_chunked_body_cut_short_is_a_connection_error(serve_raw):
-    def cut(conn, server):
-        read_request(conn)
-        conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n10\r\nabc")
-
-    result = post(target(serve_raw(cut).port))
-    assert (result.ok, result.http_status, result.error, result.response_excerpt) == (
-        False, 200, "connection_error", "abc")
-
-
 def test_a_reply_after_an_interim_103_is_never_read_as_the_next_attempts(serve_raw):
-    def early_hints(conn, server):
-        while read_request(conn) is not None:
-            conn.sendall(b"HTTP/1.1 103 Early Hints\r\nLink: </a.css>\r\n\r\n"
-                         b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 4\r\n\r\nfail")
-
-    server = serve_raw(early_hints)
+    server = serve_raw(answering_each(b"HTTP/1.1 103 Early Hints\r\nLink: </a.css>\r\n\r\n"
+                                      b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 4\r\n\r\nfail"))
     transport = Transport()
     first, second = post(target(server.port), transport=transport), post(target(server.port), transport=transport)
     assert (first.ok, first.http_status, second.http_status) == (False, 103, 103)
@@ -329,15 +319,19 @@ def test_a_request_line_or_header_that_would_split_the_request_is_refused_unsent
     assert server.accepted == 0
 
 
-def test_a_body_cut_short_says_how_much_came(serve_raw):
+@pytest.mark.parametrize("reply, received, detail", [
+    (b"Content-Length: 100\r\n\r\nab", "ab", "connection closed mid-body: 2 of 100 bytes received"),
+    (b"Transfer-Encoding: chunked\r\n\r\n10\r\nabc", "abc", "connection closed mid-body (a chunk cut short)"),
+])
+def test_a_body_cut_short_says_how_much_came(serve_raw, reply, received, detail):
     def cut(conn, server):
         read_request(conn)
-        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nab")
+        conn.sendall(b"HTTP/1.1 200 OK\r\n" + reply)
 
     result = post(target(serve_raw(cut).port))
 
-    assert (result.http_status, result.error, result.error_detail) == (
-        200, "connection_error", "connection closed mid-body: 2 of 100 bytes received")
+    assert (result.ok, result.http_status, result.error, result.response_excerpt, result.error_detail) == (
+        False, 200, "connection_error", received, detail)
 
 
 def test_a_reply_that_is_not_http_says_so(serve_raw):
