@@ -4,7 +4,6 @@ The claim is stepped by hand on the real database; one test sends a real backlog
 
 import random
 import threading
-import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
@@ -473,7 +472,7 @@ def test_a_process_idle_for_a_while_takes_up_a_backlog_another_holds_soon_after(
     [subscription] = subscriptions(organization("acme"), 1, receiver.url)
     scans = counting_scans(dispatcher)
     dispatcher.start()
-    time.sleep(1.5)  # the scenario, not a wait: idle past a poll, where a rescan's wait grew to the poll's 1 s
+    assert eventually(lambda: len(scans) >= 2)  # idle past a poll: the start's scan and a poll's, both of nothing
     queued = [enqueue_ping(subscription, NOW) for _ in range(2)]
     assert claim_elsewhere(NOW, 1) == 1  # the first, under its lease
     idle_scans = len(scans)
