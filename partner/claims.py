@@ -49,7 +49,7 @@ class Pick(NamedTuple):
     event_id: str
     subscription_id: str
     room: int
-    beyond: bool = False
+    beyond: bool
 
 
 def pick_due(now_ms: int, limit: int, failing_limit: int | None, most: int, slots: int | None = None,

@@ -186,8 +186,8 @@ class PartnerPool:
         """An idle connection that still looks open, else a new one dialled within `connect_seconds`:
         urllib3's own choice (urlopen's), without the request it would then make."""
         conn: HTTPConnection = self._get_conn()  # type: ignore[attr-defined]
-        if conn.sock is None:  # the dial runs on urllib3's plain socket: bounded by the deadline too
-            conn.timeout = min(connect_seconds, attempt.deadline.remaining()) if attempt.deadline else connect_seconds
+        if conn.sock is None:
+            conn.timeout = connect_seconds
             try:
                 conn.connect()
             except BaseException:

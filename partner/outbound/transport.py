@@ -144,8 +144,8 @@ class Transport:
                     or not _caused_by(failure, _DROPPED_WHILE_IDLE)):
                 raise
         attempt.refuse_idle, attempt.phase = True, "connect"
-        try:
-            _round_trip(pool, head, body, connect_seconds, reply)
+        try:  # its dial runs on urllib3's plain socket, before any deadline socket: bounded here
+            _round_trip(pool, head, body, min(connect_seconds, deadline.remaining()), reply)
         finally:
             attempt.refuse_idle = False
 
